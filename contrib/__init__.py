@@ -1,0 +1,1 @@
+"""Sample output plugins written only against pgdecode's public API."""

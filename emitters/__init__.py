@@ -1,0 +1,1 @@
+"""pgdecode's built-in emitters, each an output plugin of the framework."""

@@ -1,0 +1,69 @@
+"""The pgoutput protocol codec, versions 1 to 4. Pure: bytes in, typed messages out, and back.
+
+    >>> from plugin_framework.protocol import Decoder, encode
+    >>> message = Decoder(proto_version=4).decode(payload)
+    >>> encode(message) == payload
+"""
+
+from __future__ import annotations
+
+from plugin_framework.protocol.decoder import MAX_PROTO_VERSION, MIN_PROTO_VERSION, Decoder
+from plugin_framework.protocol.encoder import encode, encode_tuple
+from plugin_framework.protocol.errors import (
+    InvalidFieldError,
+    ProtocolError,
+    TruncatedMessageError,
+    UnexpectedMessageError,
+    UnknownMessageTypeError,
+)
+from plugin_framework.protocol.framing import (
+    PrimaryKeepalive,
+    StandbyStatusUpdate,
+    XLogData,
+    decode_copy_data,
+    decode_standby_status,
+    encode_copy_data,
+)
+from plugin_framework.protocol.lsn import INVALID_LSN, LSN
+from plugin_framework.protocol.messages import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED_TOAST,
+    UNCHANGED_TOAST,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    RelationColumn,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TupleData,
+    Type,
+    Update,
+)
+from plugin_framework.protocol.pgtime import PG_EPOCH, from_pg_micros, to_pg_micros
+
+__all__ = [
+    "INVALID_LSN", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST", "LSN",
+    "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "UNCHANGED_TOAST", "Begin",
+    "BeginPrepare", "Commit", "CommitPrepared", "Decoder", "Delete", "Insert",
+    "InvalidFieldError", "LogicalMessage", "Message", "Origin", "Prepare", "PrimaryKeepalive",
+    "ProtocolError", "Relation", "RelationColumn", "RollbackPrepared", "StandbyStatusUpdate",
+    "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart", "StreamStop", "Truncate",
+    "TruncatedMessageError", "TupleData", "Type", "UnexpectedMessageError",
+    "UnknownMessageTypeError", "Update", "XLogData", "decode_copy_data", "decode_standby_status",
+    "encode", "encode_copy_data", "encode_tuple", "from_pg_micros", "to_pg_micros",
+]

@@ -1,0 +1,1 @@
+"""Sources: the only layer that talks to a PostgreSQL server."""

@@ -1,0 +1,203 @@
+"""Codec properties that need no server: round trips, strictness, hostile input."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import control, transactional
+
+from plugin_framework.protocol import (
+    LSN,
+    Begin,
+    Decoder,
+    Insert,
+    InvalidFieldError,
+    ProtocolError,
+    StreamStart,
+    StreamStop,
+    TruncatedMessageError,
+    TupleData,
+    UnexpectedMessageError,
+    UnknownMessageTypeError,
+    decode_copy_data,
+    decode_standby_status,
+    encode,
+    encode_copy_data,
+)
+from plugin_framework.protocol.framing import PrimaryKeepalive, StandbyStatusUpdate, XLogData
+
+versions = st.integers(1, 4)
+
+
+@given(versions.flatmap(lambda v: st.tuples(st.just(v), control(v))))
+def test_control_messages_round_trip(version_and_message: tuple[int, object]) -> None:
+    version, message = version_and_message
+    data = encode(message)  # type: ignore[arg-type]
+    assert Decoder(version).decode(data) == message
+    assert encode(Decoder(version).decode(data)) == data
+
+
+@given(transactional(in_stream=False))
+def test_messages_outside_streams_round_trip(message: object) -> None:
+    data = encode(message)  # type: ignore[arg-type]
+    assert Decoder(1).decode(data) == message
+
+
+@given(st.integers(2, 4), u32 := st.integers(0, 2**32 - 1), transactional(in_stream=True))
+def test_messages_inside_streams_carry_their_xid(version: int, xid: int, message: object) -> None:
+    decoder = Decoder(version)
+    assert decoder.decode(encode(StreamStart(xid, True))) == StreamStart(xid, True)
+    data = encode(message)  # type: ignore[arg-type]
+    assert decoder.decode(data) == message
+    assert decoder.decode(b"E") == StreamStop()
+    assert not decoder.in_stream
+
+
+def test_lsn_text_form_and_order() -> None:
+    assert str(LSN(0x16B3748)) == "0/16B3748"
+    assert LSN("1/0") == 1 << 32
+    assert LSN("0/FFFFFFFF") < LSN("1/0")
+    assert repr(LSN("A/B")) == "LSN('A/B')"
+    with pytest.raises(ValueError, match="X/X"):
+        LSN("16B3748")
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_lsn_text_round_trip(value: int) -> None:
+    assert LSN(str(LSN(value))) == value
+
+
+@settings(max_examples=500)
+@given(versions, st.binary(max_size=64))
+def test_arbitrary_bytes_only_raise_protocol_errors(version: int, data: bytes) -> None:
+    for in_stream in (False, True):
+        decoder = Decoder(version)
+        decoder.in_stream = in_stream and version >= 2
+        try:
+            decoder.decode(data)
+        except ProtocolError:
+            pass
+
+
+@settings(max_examples=300)
+@given(versions.flatmap(lambda v: st.tuples(st.just(v), control(v) | transactional(False))),
+       st.data())
+def test_truncations_raise_protocol_errors(version_and_message: tuple[int, object],
+                                           data: st.DataObject) -> None:
+    version, message = version_and_message
+    full = encode(message)  # type: ignore[arg-type]
+    cut = data.draw(st.integers(0, len(full) - 1))
+    with pytest.raises(ProtocolError):
+        Decoder(version).decode(full[:cut])
+
+
+@given(st.binary(max_size=40))
+def test_framing_only_raises_protocol_errors(data: bytes) -> None:
+    try:
+        decode_copy_data(data)
+    except ProtocolError:
+        pass
+
+
+def test_framing_round_trip() -> None:
+    at = datetime(2026, 11, 21, 5, 0, 1, 123456, tzinfo=UTC)
+    for message in (
+        XLogData(LSN("0/16B3748"), LSN("0/16B3800"), at, b"E"),
+        PrimaryKeepalive(LSN("1/2"), at, True),
+    ):
+        assert decode_copy_data(encode_copy_data(message)) == message
+    status = StandbyStatusUpdate(LSN("0/1"), LSN("0/2"), LSN("0/3"), at)
+    assert decode_standby_status(encode_copy_data(status)) == status
+
+
+# --- specific malformations, each with the reason it is rejected ----------------------------
+
+INSERT = encode(Insert(16384, TupleData(b"tn", (b"42", None))))
+
+
+def test_unknown_message_type() -> None:
+    with pytest.raises(UnknownMessageTypeError, match=r"unknown message type 'Z'") as info:
+        Decoder(4).decode(b"Z\0\0")
+    assert info.value.offset == 0
+
+
+def test_unknown_column_kind_names_the_column_and_offset() -> None:
+    bad = INSERT.replace(b"n", b"x")
+    with pytest.raises(InvalidFieldError, match="unknown column kind 'x' of column 1") as info:
+        Decoder(1).decode(bad)
+    assert info.value.offset == bad.index(b"x")
+
+
+def test_value_length_past_the_end() -> None:
+    bad = INSERT[:8] + b"t\x00\x00\x10\x00" + b"42n"
+    with pytest.raises(TruncatedMessageError, match="value of column 0"):
+        Decoder(1).decode(bad)
+
+
+def test_truncated_tuple() -> None:
+    with pytest.raises(TruncatedMessageError, match=f"ends after {len(INSERT) - 1} bytes"):
+        Decoder(1).decode(INSERT[:-1])
+
+
+def test_trailing_bytes() -> None:
+    with pytest.raises(InvalidFieldError, match="1 unexpected trailing bytes"):
+        Decoder(1).decode(INSERT + b"\0")
+
+
+def test_nonzero_must_be_zero_flags() -> None:
+    commit = bytearray(encode(Decoder(1).decode(
+        b"C" + bytes(1) + LSN(5).to_bytes(8, "big") * 2 + bytes(8)
+    )))
+    commit[1] = 4
+    with pytest.raises(InvalidFieldError, match="unrecognized flags 4, expected 0"):
+        Decoder(1).decode(bytes(commit))
+
+
+def test_update_with_both_old_key_and_old_tuple() -> None:
+    row = INSERT[6:]
+    bad = b"U" + INSERT[1:5] + b"K" + row + b"O" + row + b"N" + row
+    with pytest.raises(InvalidFieldError, match="old key and old tuple both present"):
+        Decoder(1).decode(bad)
+
+
+def test_stream_only_messages_outside_a_stream() -> None:
+    with pytest.raises(UnexpectedMessageError, match="Stream Stop outside a stream block"):
+        Decoder(2).decode(b"E")
+
+
+def test_stream_messages_need_protocol_2() -> None:
+    with pytest.raises(UnexpectedMessageError, match="needs protocol version 2"):
+        Decoder(1).decode(encode(StreamStart(7, True)))
+
+
+def test_transaction_control_inside_a_stream_block() -> None:
+    decoder = Decoder(2)
+    decoder.decode(encode(StreamStart(7, True)))
+    begin = encode(Begin(LSN(10), datetime(2026, 1, 1, tzinfo=UTC), 7))
+    with pytest.raises(UnexpectedMessageError, match="inside a stream block"):
+        decoder.decode(begin)
+    assert decoder.in_stream  # a rejected message leaves the state as it was
+
+
+def test_zero_lsn_where_postgresql_requires_one() -> None:
+    with pytest.raises(InvalidFieldError, match=r"final_lsn is not set \(0/0\)"):
+        Decoder(1).decode(b"B" + bytes(20))
+
+
+def test_stream_abort_info_only_with_protocol_4() -> None:
+    long_abort = b"A" + bytes(8) + bytes(16)
+    with pytest.raises(InvalidFieldError, match="expected 9 for protocol version 3"):
+        Decoder(3).decode(long_abort)
+    assert Decoder(4).decode(long_abort).abort_lsn == LSN(0)  # type: ignore[union-attr]
+
+
+def test_protocol_error_message_is_readable() -> None:
+    with pytest.raises(ProtocolError) as info:
+        Decoder(1).decode(INSERT[:3])
+    assert str(info.value) == (
+        "malformed Insert message at byte 3: message ends after 3 bytes while reading "
+        "relation id and tuple marker"
+    )
