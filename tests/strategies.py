@@ -33,7 +33,8 @@ u32 = st.integers(0, 2**32 - 1)
 lsns = st.integers(1, 2**64 - 1).map(LSN)
 any_lsns = st.integers(0, 2**64 - 1).map(LSN)
 times = st.datetimes(
-    min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59), timezones=st.just(UTC)
+    min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59),
+    timezones=st.just(UTC),
 )
 names = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=20)
 
@@ -84,9 +85,8 @@ def control(proto_version: int) -> st.SearchStrategy[object]:
         options += [
             st.builds(StreamCommit, u32, any_lsns, any_lsns, times),
             st.builds(StreamAbort, u32, u32),
+            st.builds(StreamPrepare, lsns, lsns, times, u32, names),
         ]
-    if proto_version >= 3:
-        options.append(st.builds(StreamPrepare, lsns, lsns, times, u32, names))
     if proto_version >= 4:
         options.append(st.builds(StreamAbort, u32, u32, any_lsns, times))
     return st.one_of(*options)

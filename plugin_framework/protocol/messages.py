@@ -65,6 +65,8 @@ class TupleData:
 
     def decoded(self) -> list[str | bytes | _UnchangedToast | None]:
         """Every column: str for text, bytes for binary, None for null, UNCHANGED_TOAST."""
+        if not self.kinds.strip(b"tn"):  # only text and null columns: the usual row
+            return [None if v is None else v.decode() for v in self.values]
         return [
             v.decode() if k == KIND_TEXT and v is not None
             else UNCHANGED_TOAST if k == KIND_UNCHANGED_TOAST else v

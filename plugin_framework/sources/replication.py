@@ -1,0 +1,113 @@
+"""A logical replication connection over psycopg 3: START_REPLICATION and the COPY_BOTH stream.
+
+This is the I/O edge: it moves CopyData payloads and standby status updates, and leaves their
+meaning to ``plugin_framework.protocol``. Reads never block for longer than asked.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from plugin_framework.protocol import (
+    LSN,
+    PrimaryKeepalive,
+    StandbyStatusUpdate,
+    XLogData,
+    decode_copy_data,
+    encode_copy_data,
+)
+
+
+class ReplicationError(Exception):
+    """The replication connection failed; the message says what the server said."""
+
+
+def quote_ident(name: str) -> str:
+    """A double-quoted identifier, as the replication command grammar reads it."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """A single-quoted string literal (the replication grammar has no E'' strings)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def start_replication_command(slot: str, start_lsn: LSN, options: Mapping[str, str]) -> str:
+    opts = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options.items())
+    command = f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {start_lsn}"
+    return f"{command} ({opts})" if opts else command
+
+
+class ReplicationStream:
+    """One walsender session: open, start streaming from a slot, read, acknowledge, close."""
+
+    def __init__(self, conninfo: str, **connect_kwargs: Any) -> None:
+        self.conn: psycopg.Connection[Any] = psycopg.connect(
+            conninfo, replication="database", autocommit=True, **connect_kwargs
+        )
+        self._streaming = False
+
+    def identify_system(self) -> tuple[str, int, LSN, str | None]:
+        """(system id, timeline, current WAL flush LSN, database name)."""
+        row = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
+        assert row is not None
+        return str(row[0]), int(row[1]), LSN(str(row[2])), row[3]
+
+    def command(self, text: str) -> list[tuple[Any, ...]]:
+        """Run a replication command (CREATE_REPLICATION_SLOT, ...) and return its rows."""
+        cur = self.conn.execute(text)
+        return cur.fetchall() if cur.description else []
+
+    def start(self, slot: str, start_lsn: LSN, options: Mapping[str, str]) -> None:
+        self.conn.execute(start_replication_command(slot, start_lsn, options))
+        self._streaming = True
+
+    def read(self, timeout: float) -> XLogData | PrimaryKeepalive | None:
+        """The next message from the server, or None if none arrived within ``timeout`` s."""
+        pgconn = self.conn.pgconn
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)
+            if nbytes > 0:
+                return decode_copy_data(data)
+            if nbytes < 0:
+                self._streaming = False
+                self._raise_copy_end()
+            ready, _, _ = select.select([pgconn.socket], [], [], timeout)
+            if not ready:
+                return None
+            pgconn.consume_input()
+            timeout = 0.0
+
+    def send_status(self, written: LSN, flushed: LSN, applied: LSN,
+                    reply_requested: bool = False) -> None:
+        update = StandbyStatusUpdate(written, flushed, applied, datetime.now(UTC), reply_requested)
+        pgconn = self.conn.pgconn
+        if pgconn.put_copy_data(encode_copy_data(update)) != 1 or pgconn.flush() < 0:
+            raise ReplicationError(
+                f"could not send a standby status update: {pgconn.get_error_message()}"
+            )
+
+    def _raise_copy_end(self) -> None:
+        pgconn = self.conn.pgconn
+        result = pgconn.get_result()
+        while pgconn.get_result() is not None:
+            pass
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise ReplicationError(f"replication stream ended: {message}")
+        raise ReplicationError("the server ended the replication stream")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> ReplicationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""Fixtures for tests against real servers.
+
+``pg`` is one running cluster per available server version (the embedded PostgreSQL 18, then
+each system installation of another major version), shared by the whole session; tests that use
+it, directly or through ``db``, run once per version and are marked ``server``. ``db`` is a
+fresh database for one test, ``pg_module_db`` one shared by a module's tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pgtest import TestDatabase, create_database, drop_database
+
+from plugin_framework.sources.cluster import (
+    LocalCluster,
+    available_bindirs,
+    server_major_version,
+)
+
+BINDIRS = available_bindirs()
+
+# Beyond the cluster's own defaults: commit timestamps, so tests can compare the commit times
+# pgoutput sends with pg_xact_commit_timestamp().
+TEST_SETTINGS = {"track_commit_timestamp": "on"}
+
+
+@pytest.fixture(
+    scope="session",
+    params=BINDIRS,
+    ids=[f"pg{server_major_version(b)}" for b in BINDIRS],
+)
+def pg(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(request.param, settings=TEST_SETTINGS)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+@pytest.fixture
+def db(pg: LocalCluster) -> Iterator[TestDatabase]:
+    database = create_database(pg)
+    try:
+        yield database
+    finally:
+        drop_database(database)
+
+
+@pytest.fixture(scope="module")
+def pg_module_db(pg: LocalCluster) -> Iterator[TestDatabase]:
+    database = create_database(pg)
+    try:
+        yield database
+    finally:
+        drop_database(database)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "pg" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)
