@@ -5,8 +5,40 @@ Layers, imports pointing one way:
 - ``plugin_framework.protocol``: the pgoutput codec (bytes in, typed messages out, and back).
 - ``plugin_framework.framework``: output plugins, contexts, transactions, the dispatcher.
 - ``plugin_framework.sources``: the only code that talks to a server.
+
+The names a plugin author needs are re-exported here.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from plugin_framework.framework import (
+    Action,
+    CallbackError,
+    Change,
+    Column,
+    FileOutput,
+    LogicalDecodingContext,
+    MemoryOutput,
+    OutputPlugin,
+    OutputPluginOptions,
+    OutputRecord,
+    OutputType,
+    Pipeline,
+    PipelineError,
+    PluginLoadError,
+    Relation,
+    Row,
+    Transaction,
+    TruncateChange,
+    hookimpl,
+)
+from plugin_framework.protocol import LSN, UNCHANGED_TOAST
+
+__all__ = [
+    "LSN", "UNCHANGED_TOAST", "Action", "CallbackError", "Change", "Column", "FileOutput",
+    "LogicalDecodingContext", "MemoryOutput", "OutputPlugin", "OutputPluginOptions",
+    "OutputRecord", "OutputType", "Pipeline", "PipelineError", "PluginLoadError", "Relation",
+    "Row", "Transaction", "TruncateChange", "__version__", "hookimpl",
+]

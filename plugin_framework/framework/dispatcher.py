@@ -1,0 +1,674 @@
+"""The dispatcher: turns the decoded pgoutput stream into output-plugin callbacks with the
+reorder buffer's contract.
+
+- Only committed transactions reach begin/change/commit, in commit order.
+- Streamed transactions reach plugins with stream callbacks block by block; plugins without
+  them get the transaction reassembled at Stream Commit, subtransaction aborts applied, and
+  nothing for an aborted stream.
+- Prepared transactions reach two-phase plugins at PREPARE (unless filter_prepare says no);
+  the others get them as ordinary transactions at COMMIT PREPARED, nothing at ROLLBACK
+  PREPARED.
+- filter_by_origin skips a whole transaction for the plugin that asks.
+
+Each plugin has its own context, options, private state and output. The pipeline knows up to
+which LSN every output is durable, and never reports past a prepared transaction that some
+plugin still waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from plugin_framework.framework.context import (
+    FileOutput,
+    LogicalDecodingContext,
+    Output,
+)
+from plugin_framework.framework.model import (
+    Action,
+    Change,
+    Relation,
+    Row,
+    Transaction,
+    TruncateChange,
+)
+from plugin_framework.framework.plugin import LoadedPlugin
+from plugin_framework.framework.spool import Spool, SpoolBudget
+from plugin_framework.protocol import (
+    LSN,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Decoder,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+from plugin_framework.protocol import Relation as RelationMessage
+
+DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+
+
+class PipelineError(Exception):
+    """The stream cannot be delivered with the promised semantics."""
+
+
+class CallbackError(Exception):
+    """An exception raised by a plugin callback, with PostgreSQL-style context."""
+
+    def __init__(self, context: str, cause: BaseException) -> None:
+        self.context = context
+        self.cause = cause
+        super().__init__(f"{context}: {type(cause).__name__}: {cause}")
+
+
+class Member:
+    """One plugin of a pipeline, with its own context and output."""
+
+    __slots__ = ("callbacks", "ctx", "plugin")
+
+    def __init__(self, plugin: LoadedPlugin, ctx: LogicalDecodingContext) -> None:
+        self.plugin = plugin
+        self.ctx = ctx
+        self.callbacks = plugin.callbacks
+
+    def call(self, cb: str, lsn: LSN, xid: int | None, *args: Any, writes: bool = True) -> Any:
+        ctx = self.ctx
+        ctx.write_location = lsn
+        ctx.write_xid = xid
+        ctx.accept_writes = writes
+        try:
+            return self.callbacks[cb](ctx, *args)
+        except CallbackError:
+            raise
+        except Exception as exc:
+            slot = f'slot "{ctx.slot_name}", ' if ctx.slot_name else ""
+            raise CallbackError(
+                f'{slot}output plugin "{self.plugin.name}", in the {cb} callback, '
+                f"associated LSN {lsn}",
+                exc,
+            ) from exc
+        finally:
+            ctx.accept_writes = False
+
+
+@dataclass(eq=False)
+class _Txn:
+    """A transaction being received: ordinary, prepared or streamed."""
+
+    base: Transaction
+    views: dict[int, Transaction] = field(default_factory=dict)  # member index -> its view
+    live: list[int] = field(default_factory=list)  # members receiving callbacks as it goes
+    held: list[int] = field(default_factory=list)  # members waiting for a replay from spool
+    streamed_held: list[int] = field(default_factory=list)  # got stream blocks, await outcome
+    skipped: list[int] = field(default_factory=list)  # filtered by origin
+    spool: Spool | None = None
+    started: bool = False
+    relations: dict[int, Relation] = field(default_factory=dict)  # in-stream descriptions
+    aborted_subxids: set[int] = field(default_factory=set)
+    in_block: list[int] = field(default_factory=list)  # members in the current stream block
+    prepare_lsn: LSN | None = None
+
+
+class Pipeline:
+    """Drives output plugins from pgoutput messages."""
+
+    def __init__(self, *, proto_version: int = 4, memory_limit: int = DEFAULT_MEMORY_LIMIT,
+                 spool_dir: str | None = None, slot_name: str | None = None,
+                 catalog: Any = None) -> None:
+        self.proto_version = proto_version
+        self.decoder = Decoder(proto_version)
+        self.members: list[Member] = []
+        self.slot_name = slot_name
+        self.catalog = catalog
+        self.budget = SpoolBudget(memory_limit, spool_dir)
+        self.relations: dict[int, Relation] = {}
+        self.type_names: dict[int, tuple[str, str]] = {}
+        self._txn: _Txn | None = None
+        self._streams: dict[int, _Txn] = {}
+        self._stream: _Txn | None = None
+        self._prepared: dict[str, _Txn] = {}
+        self._started = False
+        self._handlers: dict[type, Callable[[Any, LSN, bytes | None], None]] = {
+            Begin: self._on_begin, Commit: self._on_commit, Origin: self._on_origin,
+            RelationMessage: self._on_relation, Type: self._on_type,
+            Insert: self._on_change, Update: self._on_change, Delete: self._on_change,
+            Truncate: self._on_truncate, LogicalMessage: self._on_message,
+            BeginPrepare: self._on_begin_prepare, Prepare: self._on_prepare,
+            CommitPrepared: self._on_commit_prepared,
+            RollbackPrepared: self._on_rollback_prepared,
+            StreamStart: self._on_stream_start, StreamStop: self._on_stream_stop,
+            StreamCommit: self._on_stream_commit, StreamAbort: self._on_stream_abort,
+            StreamPrepare: self._on_stream_prepare,
+        }
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def add(self, plugin: object, *, options: dict[str, str] | None = None,
+            output: Output | None = None, name: str | None = None) -> LogicalDecodingContext:
+        """Add a plugin (OutputPlugin instance, hookimpl object, or LoadedPlugin)."""
+        if self._started:
+            raise PipelineError("plugins must be added before startup()")
+        loaded = plugin if isinstance(plugin, LoadedPlugin) else LoadedPlugin(plugin, name)
+        ctx = LogicalDecodingContext(
+            plugin_name=loaded.name, output=output if output is not None else FileOutput("-"),
+            output_plugin_options=dict(options or {}), slot_name=self.slot_name,
+            catalog=self.catalog,
+        )
+        self.members.append(Member(loaded, ctx))
+        return ctx
+
+    def startup(self, is_init: bool = False) -> None:
+        self._started = True
+        for m in self.members:
+            if m.plugin.has("startup"):
+                m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
+
+    def shutdown(self) -> None:
+        for m in self.members:
+            if m.plugin.has("shutdown"):
+                m.call("shutdown", LSN(0), None, writes=False)
+        for m in self.members:
+            m.ctx.output.close()
+        for state in [*self._streams.values(), *self._prepared.values()]:
+            if state.spool is not None:
+                state.spool.close()
+
+    # --- input --------------------------------------------------------------------------------
+
+    def feed(self, data: bytes, lsn: LSN) -> None:
+        """One pgoutput message as the server sent it, and its XLogData start LSN."""
+        message = self.decoder.decode(data)
+        self._handlers[type(message)](message, lsn, data)
+
+    def handle(self, message: Message, lsn: LSN) -> None:
+        """A message decoded elsewhere (its raw bytes are re-encoded only if it must be held)."""
+        from plugin_framework.protocol import encode
+
+        if isinstance(message, StreamStart):
+            self.decoder.in_stream = True
+        elif isinstance(message, StreamStop):
+            self.decoder.in_stream = False
+        self._handlers[type(message)](message, lsn, encode(message))
+
+    # --- acknowledgement ----------------------------------------------------------------------
+
+    def flush(self) -> LSN:
+        """Flush every output; return the LSN up to which the server may forget the stream."""
+        durable = min((m.ctx.output.flush() for m in self.members), default=LSN(0))
+        return self._cap(durable)
+
+    def safe_lsn(self) -> LSN:
+        durable = min((m.ctx.output.durable_lsn for m in self.members), default=LSN(0))
+        return self._cap(durable)
+
+    def _cap(self, lsn: LSN) -> LSN:
+        for state in self._prepared.values():
+            if (state.held or state.streamed_held) and state.prepare_lsn is not None:
+                lsn = min(lsn, state.prepare_lsn)
+        return lsn
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a transaction is open, streamed, or prepared and awaited by a plugin."""
+        return (self._txn is not None or bool(self._streams)
+                or any(s.held or s.streamed_held for s in self._prepared.values()))
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _view(self, state: _Txn, i: int) -> Transaction:
+        view = state.views.get(i)
+        if view is None:
+            view = state.views[i] = replace(state.base)
+        return view
+
+    def _mark(self, members: Iterable[int], lsn: LSN) -> None:
+        for i in members:
+            self.members[i].ctx.output.mark(lsn)
+
+    def _origin_filtered(self, state: _Txn) -> list[int]:
+        origin = state.base.origin
+        if not origin:
+            return []
+        skipped = []
+        for i, m in enumerate(self.members):
+            if m.plugin.has("filter_by_origin") and m.call(
+                "filter_by_origin", state.base.final_lsn or LSN(0), state.base.xid, origin,
+                writes=False,
+            ):
+                skipped.append(i)
+        return skipped
+
+    def _filters_prepare(self, m: Member, base: Transaction) -> bool:
+        return bool(m.plugin.has("filter_prepare") and m.call(
+            "filter_prepare", base.final_lsn or LSN(0), base.xid, base.xid, base.gid,
+            writes=False,
+        ))
+
+    def _relation(self, relid: int, state: _Txn | None) -> Relation:
+        if state is not None:
+            rel = state.relations.get(relid)
+            if rel is not None:
+                return rel
+        try:
+            return self.relations[relid]
+        except KeyError:
+            raise PipelineError(
+                f"change for relation OID {relid}, which the stream has not described: "
+                "the stream must be read from the slot's start, not from the middle"
+            ) from None
+
+    def _change(self, m: Insert | Update | Delete, lsn: LSN, state: _Txn | None) -> Change:
+        rel = self._relation(m.relation_id, state)
+        if type(m) is Insert:
+            return Change(Action.INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
+        if type(m) is Update:
+            before = m.key if m.key is not None else m.old
+            return Change(Action.UPDATE, rel, Row(rel, m.new),
+                          None if before is None else Row(rel, before), m.key is not None,
+                          lsn, m.xid)
+        assert isinstance(m, Delete)
+        before = m.key if m.key is not None else m.old
+        assert before is not None
+        return Change(Action.DELETE, rel, None, Row(rel, before), m.key is not None, lsn, m.xid)
+
+    # --- ordinary and prepared transactions ----------------------------------------------------
+
+    def _on_begin(self, m: Begin, lsn: LSN, raw: bytes | None) -> None:
+        self._open(Transaction(m.xid, final_lsn=m.final_lsn, commit_time=m.commit_time,
+                               first_lsn=lsn))
+
+    def _on_begin_prepare(self, m: BeginPrepare, lsn: LSN, raw: bytes | None) -> None:
+        self._open(Transaction(m.xid, final_lsn=m.prepare_lsn, end_lsn=m.end_lsn, gid=m.gid,
+                               prepare_time=m.prepare_time, is_prepared=True, first_lsn=lsn))
+
+    def _open(self, txn: Transaction) -> None:
+        if self._txn is not None:
+            raise PipelineError(
+                f"transaction {txn.xid} began before transaction {self._txn.base.xid} ended"
+            )
+        self._txn = _Txn(txn)
+
+    def _current(self, what: str) -> _Txn:
+        state = self._txn
+        if state is None:
+            raise PipelineError(f"{what} outside of a transaction")
+        if not state.started:
+            self._start(state)
+        return state
+
+    def _start(self, state: _Txn) -> None:
+        """Decide, once the origin is known, who gets this transaction live and who later."""
+        state.started = True
+        base = state.base
+        state.skipped = self._origin_filtered(state)
+        for i, m in enumerate(self.members):
+            if i in state.skipped:
+                continue
+            if not base.is_prepared:
+                state.live.append(i)
+                m.call("begin", base.first_lsn or LSN(0), base.xid, self._view(state, i))
+            elif m.plugin.two_phase and not self._filters_prepare(m, base):
+                state.live.append(i)
+                m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
+                       self._view(state, i))
+            else:
+                state.held.append(i)
+        if state.held:
+            state.spool = Spool(self.budget)
+
+    def _on_origin(self, m: Origin, lsn: LSN, raw: bytes | None) -> None:
+        state = self._stream if self._stream is not None else self._txn
+        if state is None:
+            raise PipelineError("Origin message outside of a transaction")
+        state.base.origin = m.name
+        state.base.origin_lsn = m.origin_lsn
+        for view in state.views.values():
+            view.origin, view.origin_lsn = m.name, m.origin_lsn
+
+    def _on_relation(self, m: RelationMessage, lsn: LSN, raw: bytes | None) -> None:
+        rel = Relation.from_message(m, self.type_names)
+        stream = self._stream
+        if stream is not None:
+            self._stream_begin_block(stream)
+            stream.relations[m.relation_id] = rel
+            if stream.spool is not None and raw is not None:
+                stream.spool.append(lsn, m.xid or 0, True, raw)
+        else:
+            self.relations[m.relation_id] = rel
+
+    def _on_type(self, m: Type, lsn: LSN, raw: bytes | None) -> None:
+        self.type_names[m.type_oid] = (m.namespace, m.name)
+
+    def _on_change(self, m: Insert | Update | Delete, lsn: LSN, raw: bytes | None) -> None:
+        stream = self._stream
+        if stream is not None:
+            def args() -> tuple[Any, ...]:
+                change = self._change(m, lsn, stream)
+                return change.relation, change
+
+            self._stream_item(stream, lsn, m.xid, raw, "stream_change", args)
+            return
+        state = self._current("change")
+        if state.live:
+            change = self._change(m, lsn, state)
+            view = self._view
+            members = self.members
+            for i in state.live:
+                members[i].call("change", lsn, state.base.xid, view(state, i), change.relation,
+                                change)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)
+
+    def _truncate_args(self, m: Truncate, lsn: LSN, state: _Txn | None) -> tuple[Any, ...]:
+        rels = [self._relation(r, state) for r in m.relation_ids]
+        return rels, TruncateChange(m.cascade, m.restart_identity, lsn, m.xid)
+
+    def _on_truncate(self, m: Truncate, lsn: LSN, raw: bytes | None) -> None:
+        stream = self._stream
+        if stream is not None:
+            self._stream_item(stream, lsn, m.xid, raw, "stream_truncate",
+                              lambda: self._truncate_args(m, lsn, stream))
+            return
+        state = self._current("truncate")
+        args = self._truncate_args(m, lsn, state)
+        for i in state.live:
+            member = self.members[i]
+            if member.plugin.has("truncate"):
+                member.call("truncate", lsn, state.base.xid, self._view(state, i), *args)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)
+
+    def _on_message(self, m: LogicalMessage, lsn: LSN, raw: bytes | None) -> None:
+        args = (m.lsn, m.transactional, m.prefix, m.content)
+        if not m.transactional:
+            for member in self.members:
+                if member.plugin.has("message"):
+                    member.call("message", m.lsn, None, None, *args)
+            return
+        stream = self._stream
+        if stream is not None:
+            self._stream_item(stream, lsn, m.xid, raw, "stream_message", lambda: args)
+            return
+        state = self._current("transactional message")
+        for i in state.live:
+            member = self.members[i]
+            if member.plugin.has("message"):
+                member.call("message", m.lsn, state.base.xid, self._view(state, i), *args)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)
+
+    def _on_commit(self, m: Commit, lsn: LSN, raw: bytes | None) -> None:
+        state = self._current("commit")
+        if state.base.is_prepared:
+            raise PipelineError("Commit message ends a transaction begun by Begin Prepare")
+        self._txn = None
+        for view in (state.base, *state.views.values()):
+            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+        for i in state.live:
+            self.members[i].call("commit", m.end_lsn, state.base.xid, state.views[i],
+                                 m.commit_lsn)
+        self._mark(range(len(self.members)), m.end_lsn)
+
+    def _on_prepare(self, m: Prepare, lsn: LSN, raw: bytes | None) -> None:
+        state = self._current("prepare")
+        if not state.base.is_prepared:
+            raise PipelineError("Prepare message ends a transaction begun by Begin")
+        self._txn = None
+        state.prepare_lsn = m.prepare_lsn
+        for i in state.live:
+            self.members[i].call("prepare", m.end_lsn, state.base.xid, state.views[i],
+                                 m.prepare_lsn)
+        self._prepared[m.gid] = state
+        self._mark([*state.live, *state.skipped], m.end_lsn)
+
+    def _on_commit_prepared(self, m: CommitPrepared, lsn: LSN, raw: bytes | None) -> None:
+        state = self._prepared.pop(m.gid, None)
+        if state is None:
+            state = self._unseen_prepared(m.xid, m.gid)
+        base = state.base
+        base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
+        for i in state.live:
+            view = self._view(state, i)
+            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+            self.members[i].call("commit_prepared", m.end_lsn, base.xid, view, m.commit_lsn)
+        for i in state.streamed_held:
+            view = self._view(state, i)
+            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+            self.members[i].call("stream_commit", m.end_lsn, base.xid, view, m.commit_lsn)
+        if state.held:
+            ordinary = replace(base, final_lsn=m.commit_lsn, is_prepared=False)
+            self._replay(state, state.held, ordinary, m.commit_lsn, prepared=False)
+        self._close(state)
+        self._mark(range(len(self.members)), m.end_lsn)
+
+    def _on_rollback_prepared(self, m: RollbackPrepared, lsn: LSN, raw: bytes | None) -> None:
+        state = self._prepared.pop(m.gid, None)
+        if state is None:
+            state = self._unseen_prepared(m.xid, m.gid)
+        for i in state.live:
+            view = self._view(state, i)
+            view.end_lsn = m.rollback_end_lsn
+            self.members[i].call("rollback_prepared", m.rollback_end_lsn, state.base.xid, view,
+                                 m.prepare_end_lsn, m.prepare_time)
+        for i in state.streamed_held:
+            self.members[i].call("stream_abort", m.rollback_end_lsn, state.base.xid,
+                                 self._view(state, i), None)
+        self._close(state)
+        self._mark(range(len(self.members)), m.rollback_end_lsn)
+
+    def _unseen_prepared(self, xid: int, gid: str) -> _Txn:
+        """COMMIT/ROLLBACK PREPARED of a transaction prepared before this pipeline started
+        (its PREPARE was acknowledged earlier): only two-phase plugins can take it."""
+        state = _Txn(Transaction(xid, gid=gid, is_prepared=True), started=True)
+        for i, m in enumerate(self.members):
+            if not m.plugin.two_phase:
+                raise PipelineError(
+                    f'prepared transaction "{gid}" was prepared before this pipeline started, '
+                    f'and output plugin "{m.plugin.name}" has no two-phase callbacks to receive '
+                    "it: its changes are no longer in the slot"
+                )
+            state.live.append(i)
+        return state
+
+    def _close(self, state: _Txn) -> None:
+        if state.spool is not None:
+            state.spool.close()
+            state.spool = None
+
+    # --- streamed transactions ----------------------------------------------------------------
+
+    def _on_stream_start(self, m: StreamStart, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.get(m.xid)
+        if state is None:
+            if not m.first_segment:
+                raise PipelineError(
+                    f"stream of transaction {m.xid} continues, but its first segment was "
+                    "never received"
+                )
+            state = self._streams[m.xid] = _Txn(
+                Transaction(m.xid, is_streamed=True, first_lsn=lsn)
+            )
+        self._stream = state
+        state.in_block = []
+
+    def _stream_begin_block(self, state: _Txn) -> None:
+        """First content of a block: filter by origin once, open the block for streamers."""
+        if not state.started:
+            state.started = True
+            state.skipped = self._origin_filtered(state)
+            for i, m in enumerate(self.members):
+                if i in state.skipped:
+                    continue
+                (state.live if m.plugin.streaming else state.held).append(i)
+            if state.held:
+                state.spool = Spool(self.budget)
+        if not state.in_block:
+            state.in_block = list(state.live)
+            for i in state.live:
+                self.members[i].call("stream_start", state.base.first_lsn or LSN(0),
+                                     state.base.xid, self._view(state, i))
+            if not state.in_block:
+                state.in_block = [-1]  # the block is open even when nobody streams
+
+    def _stream_item(self, state: _Txn, lsn: LSN, xid: int | None, raw: bytes | None, cb: str,
+                     args: Callable[[], tuple[Any, ...]]) -> None:
+        self._stream_begin_block(state)
+        if state.live:
+            built = args()
+            for i in state.live:
+                member = self.members[i]
+                if member.plugin.has(cb):
+                    member.call(cb, lsn, xid, self._view(state, i), *built)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, xid or 0, True, raw)
+
+    def _on_stream_stop(self, m: StreamStop, lsn: LSN, raw: bytes | None) -> None:
+        state = self._stream
+        if state is None:
+            raise PipelineError("Stream Stop outside of a stream block")
+        self._stream = None
+        for i in state.in_block:
+            if i >= 0:
+                self.members[i].call("stream_stop", lsn, state.base.xid, self._view(state, i))
+        state.in_block = []
+
+    def _on_stream_abort(self, m: StreamAbort, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.get(m.xid)
+        if state is None:
+            return  # nothing of it was streamed to us
+        if m.subxid == m.xid:
+            del self._streams[m.xid]
+            for i in state.live:
+                self.members[i].call("stream_abort", m.abort_lsn or lsn, m.xid,
+                                     self._view(state, i), m.abort_lsn)
+            self._close(state)
+            return
+        state.aborted_subxids.add(m.subxid)
+        for i in state.live:
+            top = self._view(state, i)
+            sub = Transaction(m.subxid, toptxn=top, is_streamed=True)
+            self.members[i].call("stream_abort", m.abort_lsn or lsn, m.subxid, sub, m.abort_lsn)
+
+    def _on_stream_commit(self, m: StreamCommit, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.pop(m.xid, None)
+        if state is None:
+            raise PipelineError(f"Stream Commit of transaction {m.xid}, which was never streamed")
+        base = state.base
+        base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
+        for i in state.live:
+            view = self._view(state, i)
+            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
+                                                               m.commit_time)
+            self.members[i].call("stream_commit", m.end_lsn, m.xid, view, m.commit_lsn)
+        if state.held:
+            self._replay(state, state.held, replace(base, is_streamed=False), m.commit_lsn,
+                         prepared=False)
+        self.relations.update(state.relations)
+        self._close(state)
+        self._mark(range(len(self.members)), m.end_lsn)
+
+    def _on_stream_prepare(self, m: StreamPrepare, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.pop(m.xid, None)
+        if state is None:
+            raise PipelineError(f"Stream Prepare of transaction {m.xid}, which was never streamed")
+        base = state.base
+        base.final_lsn, base.end_lsn, base.gid = m.prepare_lsn, m.end_lsn, m.gid
+        base.prepare_time, base.is_prepared = m.prepare_time, True
+        for view in state.views.values():
+            view.final_lsn, view.end_lsn, view.gid = m.prepare_lsn, m.end_lsn, m.gid
+            view.prepare_time, view.is_prepared = m.prepare_time, True
+        state.prepare_lsn = m.prepare_lsn
+        streamers, state.live = state.live, []
+        for i in streamers:
+            member = self.members[i]
+            if member.plugin.two_phase and not self._filters_prepare(member, base):
+                state.live.append(i)
+                member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
+                            m.prepare_lsn)
+            else:
+                state.streamed_held.append(i)
+        waiting, state.held = state.held, []
+        two_phase = []
+        for i in waiting:
+            member = self.members[i]
+            if member.plugin.two_phase and not self._filters_prepare(member, base):
+                two_phase.append(i)
+            else:
+                state.held.append(i)
+        if two_phase:
+            self._replay(state, two_phase, base, m.prepare_lsn, prepared=True)
+            state.live += two_phase
+        self.relations.update(state.relations)
+        if not state.held:
+            self._close(state)
+        self._prepared[m.gid] = state
+        self._mark([*state.live, *state.skipped], m.end_lsn)
+
+    # --- replay of held transactions ------------------------------------------------------------
+
+    def _replay(self, state: _Txn, members: list[int], txn: Transaction, final_lsn: LSN,
+                *, prepared: bool) -> None:
+        """Deliver a held transaction from its spool as begin (or begin_prepare), its changes,
+        and commit (or prepare)."""
+        views = {i: replace(txn) for i in members}
+        for i in members:
+            state.views[i] = views[i]
+            self.members[i].call("begin_prepare" if prepared else "begin",
+                                 txn.first_lsn or LSN(0), txn.xid, views[i])
+        spool = state.spool
+        if spool is not None:
+            decoder = Decoder(self.proto_version)
+            overlay = _Txn(txn)
+            aborted = state.aborted_subxids
+            for lsn, xid, in_stream, raw in spool:
+                if xid and xid in aborted:
+                    continue
+                decoder.in_stream = in_stream
+                msg = decoder.decode(raw)
+                self._replay_one(msg, lsn, members, views, overlay)
+        end = txn.end_lsn or final_lsn
+        for i in members:
+            if prepared:
+                self.members[i].call("prepare", end, txn.xid, views[i], final_lsn)
+            else:
+                self.members[i].call("commit", end, txn.xid, views[i], final_lsn)
+
+    def _replay_one(self, msg: Message, lsn: LSN, members: list[int],
+                    views: dict[int, Transaction], overlay: _Txn) -> None:
+        if isinstance(msg, RelationMessage):
+            overlay.relations[msg.relation_id] = Relation.from_message(msg, self.type_names)
+            return
+        args: tuple[Any, ...]
+        if isinstance(msg, (Insert, Update, Delete)):
+            change = self._change(msg, lsn, overlay)
+            cb, args = "change", (change.relation, change)
+        elif isinstance(msg, Truncate):
+            cb, args = "truncate", self._truncate_args(msg, lsn, overlay)
+        elif isinstance(msg, LogicalMessage):
+            cb, args = "message", (msg.lsn, msg.transactional, msg.prefix, msg.content)
+        else:
+            return  # Origin and Type carry nothing to replay
+        for i in members:
+            member = self.members[i]
+            if member.plugin.has(cb):
+                member.call(cb, lsn, views[i].xid, views[i], *args)
+
+    def feed_all(self, items: Sequence[tuple[bytes, LSN]]) -> None:
+        for data, lsn in items:
+            self.feed(data, lsn)

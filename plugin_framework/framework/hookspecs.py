@@ -1,0 +1,133 @@
+"""pluggy hook specifications: the output-plugin callbacks as hooks.
+
+A plugin is any object with ``@hookimpl`` functions of these names (a module, a class, an
+instance), or an ``OutputPlugin`` subclass instance. Hooks are called with keyword arguments,
+so the argument names below are public API. Each plugin is loaded into its own plugin manager:
+pgdecode calls one plugin's callbacks at a time, with that plugin's own context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+PROJECT = "pgdecode"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec(firstresult=True)
+def startup(ctx: Any, options: Any, is_init: bool) -> None:
+    """Once, before anything else: validate ``ctx.output_plugin_options``, set
+    ``options.output_type`` and allocate ``ctx.output_plugin_private``. ``is_init`` is true
+    when the slot is being created."""
+
+
+@hookspec(firstresult=True)
+def shutdown(ctx: Any) -> None:
+    """Once, when decoding ends: release what startup allocated."""
+
+
+@hookspec(firstresult=True)
+def begin(ctx: Any, txn: Any) -> None:
+    """A committed transaction starts."""
+
+
+@hookspec(firstresult=True)
+def change(ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+    """One INSERT, UPDATE or DELETE of ``txn`` on ``relation``."""
+
+
+@hookspec(firstresult=True)
+def truncate(ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+    """One TRUNCATE statement over ``relations``; ``change`` carries cascade and
+    restart_identity."""
+
+
+@hookspec(firstresult=True)
+def commit(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+    """The transaction begun by ``begin`` committed at ``commit_lsn``."""
+
+
+@hookspec(firstresult=True)
+def message(ctx: Any, txn: Any, message_lsn: Any, transactional: bool, prefix: str,
+            message: bytes) -> None:
+    """A logical message (pg_logical_emit_message). ``txn`` is None for a non-transactional
+    message."""
+
+
+@hookspec(firstresult=True)
+def filter_by_origin(ctx: Any, origin: str) -> bool:
+    """Return true to skip every transaction replayed from replication origin ``origin``."""
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def filter_prepare(ctx: Any, xid: int, gid: str) -> bool:
+    """Return true to decode the prepared transaction ``gid`` as an ordinary one at COMMIT
+    PREPARED instead of at PREPARE TRANSACTION."""
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def begin_prepare(ctx: Any, txn: Any) -> None:
+    """A transaction that will be prepared starts."""
+
+
+@hookspec(firstresult=True)
+def prepare(ctx: Any, txn: Any, prepare_lsn: Any) -> None:
+    """The transaction begun by ``begin_prepare`` was prepared (PREPARE TRANSACTION)."""
+
+
+@hookspec(firstresult=True)
+def commit_prepared(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+    """A prepared transaction was committed (COMMIT PREPARED)."""
+
+
+@hookspec(firstresult=True)
+def rollback_prepared(ctx: Any, txn: Any, prepare_end_lsn: Any, prepare_time: Any) -> None:
+    """A prepared transaction was rolled back (ROLLBACK PREPARED)."""
+
+
+@hookspec(firstresult=True)
+def stream_start(ctx: Any, txn: Any) -> None:
+    """A block of changes of the in-progress transaction ``txn`` starts."""
+
+
+@hookspec(firstresult=True)
+def stream_stop(ctx: Any, txn: Any) -> None:
+    """The block of changes started by ``stream_start`` ends."""
+
+
+@hookspec(firstresult=True)
+def stream_abort(ctx: Any, txn: Any, abort_lsn: Any) -> None:
+    """A streamed transaction, or one of its subtransactions (``txn.toptxn`` set), aborted:
+    discard its changes. ``abort_lsn`` is None unless the server sent it."""
+
+
+@hookspec(firstresult=True)
+def stream_prepare(ctx: Any, txn: Any, prepare_lsn: Any) -> None:
+    """A streamed transaction was prepared."""
+
+
+@hookspec(firstresult=True)
+def stream_commit(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+    """A streamed transaction committed: apply its streamed changes."""
+
+
+@hookspec(firstresult=True)
+def stream_change(ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+    """One change inside a stream block; ``txn`` may be a subtransaction."""
+
+
+@hookspec(firstresult=True)
+def stream_message(ctx: Any, txn: Any, message_lsn: Any, transactional: bool, prefix: str,
+                   message: bytes) -> None:
+    """A transactional logical message inside a stream block."""
+
+
+@hookspec(firstresult=True)
+def stream_truncate(ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+    """A TRUNCATE inside a stream block."""

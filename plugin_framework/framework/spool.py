@@ -1,0 +1,95 @@
+"""Buffers for transactions that must be held before delivery (streamed transactions for
+plugins without stream callbacks, prepared ones for plugins without two-phase callbacks).
+
+All spools of a pipeline share one memory budget; past it, a spool moves its entries to a
+temporary file, so a multi-gigabyte transaction runs in bounded memory (as PostgreSQL's
+reorder buffer spills to disk past logical_decoding_work_mem).
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+from plugin_framework.protocol import LSN
+
+_ENTRY = struct.Struct(">QIBI")  # lsn, xid (0 = none), in_stream, length
+_OVERHEAD = 100  # bytes of Python bookkeeping per in-memory entry, for the budget
+
+Entry = tuple[LSN, int, bool, bytes]  # lsn, xid of the change (subxid), in_stream, raw message
+
+
+class SpoolBudget:
+    """The memory budget shared by a pipeline's spools."""
+
+    def __init__(self, limit: int, directory: str | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self.directory = directory
+        self.spilled_bytes = 0
+
+
+class Spool:
+    """An append-only, replayable sequence of raw messages of one transaction."""
+
+    def __init__(self, budget: SpoolBudget) -> None:
+        self._budget = budget
+        self._memory: list[Entry] = []
+        self._memory_bytes = 0
+        self._file: IO[bytes] | None = None
+        self.count = 0
+
+    def append(self, lsn: LSN, xid: int, in_stream: bool, raw: bytes) -> None:
+        size = len(raw) + _OVERHEAD
+        budget = self._budget
+        if budget.used + size > budget.limit:
+            self._spill()
+            self._write(lsn, xid, in_stream, raw)
+        else:
+            self._memory.append((lsn, xid, in_stream, raw))
+            self._memory_bytes += size
+            budget.used += size
+        self.count += 1
+
+    def _open(self) -> IO[bytes]:
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(  # noqa: SIM115  (closed in close())
+                prefix="pgdecode-spool-", dir=self._budget.directory
+            )
+        return self._file
+
+    def _spill(self) -> None:
+        for entry in self._memory:
+            self._write(*entry)
+        self._budget.used -= self._memory_bytes
+        self._memory.clear()
+        self._memory_bytes = 0
+
+    def _write(self, lsn: LSN, xid: int, in_stream: bool, raw: bytes) -> None:
+        f = self._open()
+        f.write(_ENTRY.pack(lsn, xid, in_stream, len(raw)))
+        f.write(raw)
+        self._budget.spilled_bytes += len(raw) + _ENTRY.size
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Every entry in append order: first those spilled to disk, then those in memory."""
+        if self._file is not None:
+            f = self._file
+            f.flush()
+            f.seek(0)
+            size = _ENTRY.size
+            while head := f.read(size):
+                lsn, xid, in_stream, length = _ENTRY.unpack(head)
+                yield LSN(lsn), xid, bool(in_stream), f.read(length)
+            f.seek(0, 2)
+        yield from list(self._memory)
+
+    def close(self) -> None:
+        self._budget.used -= self._memory_bytes
+        self._memory = []
+        self._memory_bytes = 0
+        if self._file is not None:
+            self._file.close()
+            self._file = None
