@@ -14,15 +14,16 @@ class UsageError(Exception):
 
 
 def parse_plugin_options(pairs: Sequence[str],
-                         emitters: Sequence[str]) -> dict[str, dict[str, str]]:
+                         emitters: Sequence[str]) -> dict[str, dict[str, str | None]]:
     """``-o NAME[=VALUE]`` options per emitter; ``-o EMITTER.NAME=VALUE`` scopes to one.
 
-    An unscoped option goes to every emitter. A repeated option is an error, as in
-    pg_recvlogical's server-side parsing.
+    An unscoped option goes to every emitter; ``-o NAME`` alone has the value None (true, for
+    a boolean). A repeated option is an error.
     """
-    per: dict[str, dict[str, str]] = {e: {} for e in emitters}
+    per: dict[str, dict[str, str | None]] = {e: {} for e in emitters}
     for pair in pairs:
-        name, _, value = pair.partition("=")
+        name, eq, text = pair.partition("=")
+        value = text if eq else None
         targets = list(emitters)
         scope, dot, rest = name.partition(".")
         if dot and scope in per:

@@ -200,3 +200,25 @@ def test_callback_errors_carry_postgresql_style_context(stream: Stream) -> None:
     assert text.endswith("RuntimeError: boom")
     lsn = text.split("associated LSN ")[1].split(":")[0]
     assert "/" in lsn and int(lsn.split("/")[1], 16) > 0
+
+
+class StreamingDeclined(StreamRecorder):
+    """Has stream callbacks but turns streaming off in startup, as test_decoding's
+    stream-changes=0 does: it must then get reassembled transactions."""
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        super().startup(ctx, options, is_init)
+        ctx.streaming = False
+
+
+class TwoPhaseDeclined(TwoPhaseRecorder):
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        super().startup(ctx, options, is_init)
+        ctx.twophase = False
+
+
+def test_startup_can_decline_streaming_and_two_phase(stream: Stream) -> None:
+    plugins = [Recorder(), StreamingDeclined(), TwoPhaseDeclined()]
+    run(stream, plugins)
+    ordinary, no_stream, no_2pc = (p.events for p in plugins)  # type: ignore[attr-defined]
+    assert no_stream == ordinary and no_2pc == ordinary

@@ -132,7 +132,7 @@ class LogicalDecodingContext:
 
     plugin_name: str
     output: Output
-    output_plugin_options: dict[str, str] = field(default_factory=dict)
+    output_plugin_options: dict[str, str | None] = field(default_factory=dict)
     slot_name: str | None = None
     catalog: Any = None  # a Catalog when the source can reach the database
     output_plugin_private: Any = None
@@ -141,6 +141,8 @@ class LogicalDecodingContext:
     write_location: LSN = field(default_factory=LSN)
     write_xid: int | None = None
     accept_writes: bool = False
+    streaming: bool = False  # receives streamed blocks; startup may clear it
+    twophase: bool = False  # receives prepared transactions at PREPARE; startup may clear it
     _prepared: bool = False
 
     def prepare_write(self, last_write: bool = True) -> None:

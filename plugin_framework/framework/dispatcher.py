@@ -17,7 +17,7 @@ plugin still waits for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -159,7 +159,7 @@ class Pipeline:
 
     # --- set-up -------------------------------------------------------------------------------
 
-    def add(self, plugin: object, *, options: dict[str, str] | None = None,
+    def add(self, plugin: object, *, options: Mapping[str, str | None] | None = None,
             output: Output | None = None, name: str | None = None) -> LogicalDecodingContext:
         """Add a plugin (OutputPlugin instance, hookimpl object, or LoadedPlugin)."""
         if self._started:
@@ -174,10 +174,17 @@ class Pipeline:
         return ctx
 
     def startup(self, is_init: bool = False) -> None:
+        """Call every plugin's startup. A plugin may clear ``ctx.streaming`` or
+        ``ctx.twophase`` there to receive streamed or prepared transactions whole, at commit
+        (as ``ctx->streaming &= ...`` does in C)."""
         self._started = True
         for m in self.members:
+            m.ctx.streaming = m.plugin.streaming
+            m.ctx.twophase = m.plugin.two_phase
             if m.plugin.has("startup"):
                 m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
+            m.ctx.streaming = m.ctx.streaming and m.plugin.streaming
+            m.ctx.twophase = m.ctx.twophase and m.plugin.two_phase
 
     def shutdown(self) -> None:
         for m in self.members:
@@ -323,7 +330,7 @@ class Pipeline:
             if not base.is_prepared:
                 state.live.append(i)
                 m.call("begin", base.first_lsn or LSN(0), base.xid, self._view(state, i))
-            elif m.plugin.two_phase and not self._filters_prepare(m, base):
+            elif m.ctx.twophase and not self._filters_prepare(m, base):
                 state.live.append(i)
                 m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
                        self._view(state, i))
@@ -477,7 +484,7 @@ class Pipeline:
         (its PREPARE was acknowledged earlier): only two-phase plugins can take it."""
         state = _Txn(Transaction(xid, gid=gid, is_prepared=True), started=True)
         for i, m in enumerate(self.members):
-            if not m.plugin.two_phase:
+            if not m.ctx.twophase:
                 raise PipelineError(
                     f'prepared transaction "{gid}" was prepared before this pipeline started, '
                     f'and output plugin "{m.plugin.name}" has no two-phase callbacks to receive '
@@ -515,7 +522,7 @@ class Pipeline:
             for i, m in enumerate(self.members):
                 if i in state.skipped:
                     continue
-                (state.live if m.plugin.streaming else state.held).append(i)
+                (state.live if m.ctx.streaming else state.held).append(i)
             if state.held:
                 state.spool = Spool(self.budget)
         if not state.in_block:
@@ -597,7 +604,7 @@ class Pipeline:
         streamers, state.live = state.live, []
         for i in streamers:
             member = self.members[i]
-            if member.plugin.two_phase and not self._filters_prepare(member, base):
+            if member.ctx.twophase and not self._filters_prepare(member, base):
                 state.live.append(i)
                 member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
                             m.prepare_lsn)
@@ -607,7 +614,7 @@ class Pipeline:
         two_phase = []
         for i in waiting:
             member = self.members[i]
-            if member.plugin.two_phase and not self._filters_prepare(member, base):
+            if member.ctx.twophase and not self._filters_prepare(member, base):
                 two_phase.append(i)
             else:
                 state.held.append(i)
