@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from plugin_framework import __version__
 
@@ -40,7 +47,7 @@ def parse_plugin_options(pairs: Sequence[str],
 def cmd_emitters(args: argparse.Namespace) -> int:
     from plugin_framework.framework.registry import installed_emitters, load_emitter
 
-    allow = args.emitter_allowlist.split(",") if args.emitter_allowlist else None
+    allow = _allowlist(args)
     rows = [("NAME", "DISTRIBUTION", "VERSION", "CALLBACKS")]
     for info in installed_emitters(allow):
         try:
@@ -55,19 +62,12 @@ def cmd_emitters(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from plugin_framework.framework import FileOutput, Pipeline
-    from plugin_framework.framework.registry import load_emitter
     from plugin_framework.protocol import XLogData
     from plugin_framework.sources.capture import read_capture
 
     header, frames = read_capture(args.file)
-    emitters = args.emitter or ["simple"]
-    options = parse_plugin_options(args.option or [], emitters)
-    allow = args.emitter_allowlist.split(",") if args.emitter_allowlist else None
-    pipeline = Pipeline(proto_version=header.proto_version, slot_name=header.slot)
-    for name in emitters:
-        pipeline.add(load_emitter(name, allow), options=options[name],
-                     output=FileOutput(args.file_out))
+    pipeline = build_pipeline(args, header.slot, None)
+    pipeline.set_proto_version(header.proto_version)
     pipeline.startup(is_init=False)
     try:
         for frame in frames:
@@ -78,23 +78,321 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _allowlist(args: argparse.Namespace) -> list[str] | None:
+    return args.emitter_allowlist.split(",") if args.emitter_allowlist else None
+
+
+def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
+                   default_emitter: str = "json") -> Any:
+    """A Pipeline with the emitters named on the command line, writing to -f."""
+    from plugin_framework.framework import Catalog, FileOutput, Pipeline
+    from plugin_framework.framework.registry import load_emitter
+
+    emitters = args.emitter or [default_emitter]
+    if len(set(emitters)) != len(emitters):
+        raise UsageError("an emitter can be named once; use -o EMITTER.NAME=VALUE to vary options")
+    options = parse_plugin_options(args.option or [], emitters)
+    memory = args.memory_limit * 1024 * 1024 if getattr(args, "memory_limit", None) else None
+    kwargs: dict[str, Any] = {"slot_name": slot}
+    if memory:
+        kwargs["memory_limit"] = memory
+    if catalog_conninfo:
+        kwargs["catalog"] = Catalog(catalog_conninfo)
+    pipeline = Pipeline(**kwargs)
+    for name in emitters:
+        target = args.file_out
+        if len(emitters) > 1 and target != "-":
+            target = f"{target}.{name}"  # one file per emitter
+        pipeline.add(load_emitter(name, _allowlist(args)), options=options[name],
+                     output=FileOutput(target))
+    return pipeline
+
+
+def source_config(args: argparse.Namespace) -> Any:
+    from plugin_framework.protocol import LSN
+    from plugin_framework.sources.walsender import SourceConfig
+
+    if not args.slot:
+        raise UsageError("a slot is required: -S SLOT")
+    if not args.publication:
+        raise UsageError("at least one --publication is required")
+    try:
+        endpos = LSN(args.endpos) if args.endpos else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return SourceConfig(
+        conninfo=args.dbname or "", slot=args.slot, publications=args.publication,
+        proto_version=args.proto_version, streaming=args.streaming,
+        messages=not args.no_messages, binary=args.binary, origin=args.origin, endpos=endpos,
+        status_interval=args.status_interval, create_slot=args.create_slot,
+        slot_two_phase=args.two_phase, reconnect=not args.no_reconnect,
+    )
+
+
+class StatusLine:
+    """A one-line live status on a terminal's stderr: positions, lag, rates."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last = (time.monotonic(), 0, 0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            p = self.source.progress
+            pipeline = self.source.pipeline
+            now = time.monotonic()
+            then, txns, changes = self._last
+            dt = max(now - then, 1e-6)
+            rate_t = (pipeline.transactions - txns) / dt
+            rate_c = (pipeline.changes - changes) / dt
+            self._last = (now, pipeline.transactions, pipeline.changes)
+            lag_bytes = max(0, int(p.server_end) - int(p.acked))
+            lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
+            state = "" if p.connected else " (reconnecting)"
+            sys.stderr.write(
+                f"\rreceived {p.received}  acked {p.acked}  lag {lag_bytes} B / {lag_s:.1f} s  "
+                f"{rate_t:.0f} txn/s  {rate_c:.0f} changes/s{state}\033[K"
+            )
+            sys.stderr.flush()
+
+
+class JsonLogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname.lower(),
+                 "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if getattr(args, "log_format", "text") == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("pgdecode: %(levelname)s: %(message)s"))
+    root = logging.getLogger("pgdecode")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
+    root.propagate = False
+
+
+def run_source(source: Any, args: argparse.Namespace) -> None:
+    """Run a source with SIGINT/SIGTERM meaning: finish the transaction, acknowledge, exit 0."""
+    previous: dict[signal.Signals, Any] = {}
+
+    def stop(signum: int, frame: Any) -> None:
+        logging.getLogger("pgdecode").info("signal %d: stopping after this transaction", signum)
+        source.request_stop()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, stop)
+    status = None
+    if not args.quiet and sys.stderr.isatty():
+        status = StatusLine(source)
+        status.start()
+    try:
+        source.run()
+    finally:
+        if status is not None:
+            status.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from plugin_framework.sources.sql import SqlSource
+    from plugin_framework.sources.walsender import WalsenderSource
+
+    setup_logging(args)
+    config = source_config(args)
+    pipeline = build_pipeline(args, config.slot, config.conninfo)
+    source: Any
+    if args.source == "sql":
+        source = SqlSource(config, pipeline)
+    else:
+        source = WalsenderSource(config, pipeline)
+    try:
+        run_source(source, args)
+    finally:
+        pipeline.shutdown()
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from plugin_framework.framework import Pipeline
+    from plugin_framework.protocol import encode_copy_data
+    from plugin_framework.sources.capture import CaptureHeader, CaptureWriter
+    from plugin_framework.sources.walsender import WalsenderSource
+
+    setup_logging(args)
+    if args.file_out == "-":
+        raise UsageError("capture writes a binary file: give it with -f FILE")
+    config = source_config(args)
+    pipeline = Pipeline()
+    writer: CaptureWriter | None = None
+    source: WalsenderSource
+
+    def tap(message: Any) -> None:
+        nonlocal writer
+        if writer is None:
+            header = CaptureHeader(
+                proto_version=pipeline.proto_version, options=dict(source._options),
+                server_version=source.server_version, slot=config.slot,
+                created=datetime.now(UTC).isoformat())
+            writer = CaptureWriter(args.file_out, header)
+        writer.write(encode_copy_data(message))
+
+    def sync() -> None:
+        if writer is not None:
+            writer.flush()
+            os.fsync(writer.fileno())
+
+    source = WalsenderSource(config, pipeline, tap=tap, before_status=sync)
+    try:
+        run_source(source, args)
+    finally:
+        if writer is not None:
+            sync()
+            writer.close()
+    return 0
+
+
+def cmd_slot(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from plugin_framework.sources.errors import explain
+    from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
+
+    try:
+        with psycopg.connect(args.dbname or "", autocommit=True) as conn:
+            if args.action == "list":
+                rows = [("SLOT", "DATABASE", "ACTIVE", "TWO_PHASE", "CONFIRMED_FLUSH",
+                         "WAL_STATUS")]
+                for s in list_slots(conn):
+                    rows.append((s.name, s.database or "", "yes" if s.active else "no",
+                                 "yes" if s.two_phase else "no",
+                                 str(s.confirmed_flush_lsn or ""), s.wal_status or ""))
+                widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+                for row in rows:
+                    print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+                return 0
+            if not args.slot:
+                raise UsageError("a slot is required: -S SLOT")
+            if args.action == "create":
+                info, created = create_slot(conn, args.slot, two_phase=args.two_phase,
+                                            failover=args.failover,
+                                            if_not_exists=args.if_not_exists)
+                state = "created" if created else "exists"
+                print(f"{info.name} {state} at {info.confirmed_flush_lsn}")
+            else:
+                dropped = drop_slot(conn, args.slot, if_exists=args.if_exists)
+                print(f"{args.slot} {'dropped' if dropped else 'did not exist'}")
+    except psycopg.Error as exc:
+        raise explain(exc, args.dbname or "", args.slot) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from plugin_framework.demo import run_demo
+
+    setup_logging(args)
+    return int(run_demo(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgdecode",
-        description="Consume PostgreSQL logical replication (pgoutput) with Python output plugins.",
+        description="Consume PostgreSQL logical replication (pgoutput) with Python output "
+                    "plugins.",
     )
     parser.add_argument("--version", action="version", version=f"pgdecode {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def emitter_args(p: argparse.ArgumentParser) -> None:
+    def emitter_args(p: argparse.ArgumentParser, default: str) -> None:
         p.add_argument("--emitter", action="append", metavar="NAME",
-                       help="emitter to run (repeatable); see `pgdecode emitters`")
+                       help=f"emitter to run (repeatable; default {default}); see "
+                            "`pgdecode emitters`")
         p.add_argument("-o", "--option", action="append", metavar="NAME[=VALUE]",
                        help="emitter option; EMITTER.NAME=VALUE for one emitter only")
         p.add_argument("-f", "--file", dest="file_out", default="-", metavar="FILE",
-                       help="output file, - for stdout (default)")
+                       help="output file, - for stdout (default); with several emitters, "
+                            "FILE.EMITTER each")
         p.add_argument("--emitter-allowlist", metavar="NAME,...",
                        help="load only these emitters (also PGDECODE_EMITTER_ALLOWLIST)")
+        p.add_argument("--memory-limit", type=int, metavar="MB",
+                       help="memory for reassembling transactions before spilling to disk "
+                            "(default 64)")
+
+    def connection_args(p: argparse.ArgumentParser, slot_required: bool = True) -> None:
+        p.add_argument("-d", "--dbname", metavar="CONNINFO",
+                       help="libpq connection string or URI (PG* environment variables apply)")
+        p.add_argument("-S", "--slot", metavar="SLOT", help="replication slot name")
+
+    def source_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--publication", action="append", metavar="PUB",
+                       help="publication to stream (repeatable)")
+        p.add_argument("--create-slot", action="store_true",
+                       help="create the slot first if it does not exist")
+        p.add_argument("--two-phase", action="store_true",
+                       help="with --create-slot: enable two-phase decoding on the slot")
+        p.add_argument("-E", "--endpos", metavar="LSN",
+                       help="stop once a transaction ending at or past LSN is processed")
+        p.add_argument("--source", choices=("walsender", "sql"), default="walsender",
+                       help="replication connection (default) or the SQL functions")
+        p.add_argument("--proto-version", type=int, choices=(1, 2, 3, 4),
+                       help="pgoutput protocol version (default: the highest the server has)")
+        p.add_argument("--streaming", choices=("off", "on", "parallel"), default="on",
+                       help="stream large in-progress transactions (default on)")
+        p.add_argument("--no-messages", action="store_true",
+                       help="do not request logical messages")
+        p.add_argument("--binary", action="store_true", help="binary column values")
+        p.add_argument("--origin", choices=("any", "none"),
+                       help="only changes with no origin (none), or all (any; PostgreSQL 16+)")
+        p.add_argument("--status-interval", type=float, default=10.0, metavar="SECONDS",
+                       help="seconds between acknowledgements (default 10)")
+        p.add_argument("--no-reconnect", action="store_true",
+                       help="exit instead of reconnecting when the connection drops")
+        p.add_argument("-q", "--quiet", action="store_true", help="no status line")
+        p.add_argument("--log-format", choices=("text", "json"), default="text")
+        p.add_argument("-v", "--verbose", action="store_true")
+
+    p = sub.add_parser("stream", help="stream a slot through emitters")
+    connection_args(p)
+    source_args(p)
+    emitter_args(p, "json")
+    p.set_defaults(func=cmd_stream)
+
+    p = sub.add_parser("capture", help="record a slot's raw stream for `pgdecode replay`")
+    connection_args(p)
+    source_args(p)
+    p.add_argument("-f", "--file", dest="file_out", default="-", metavar="FILE")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("slot", help="create, drop or list replication slots")
+    p.add_argument("action", choices=("create", "drop", "list"))
+    connection_args(p)
+    p.add_argument("--two-phase", action="store_true", help="create: enable two-phase decoding")
+    p.add_argument("--failover", action="store_true", help="create: a failover slot (17+)")
+    p.add_argument("--if-not-exists", action="store_true")
+    p.add_argument("--if-exists", action="store_true")
+    p.set_defaults(func=cmd_slot)
 
     p = sub.add_parser("emitters", help="list installed emitters")
     p.add_argument("--emitter-allowlist", metavar="NAME,...")
@@ -102,8 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="drive emitters from a capture file, without a server")
     p.add_argument("file", metavar="FILE", help="a capture written by `pgdecode capture`")
-    emitter_args(p)
+    emitter_args(p, "json")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("demo", help="a tour on a throwaway embedded PostgreSQL 18")
+    emitter_args(p, "json")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--keep", action="store_true", help="print the server's data directory")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -120,17 +425,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return 0
     except Exception as exc:
-        from plugin_framework.framework import CallbackError, PipelineError, PluginLoadError
-        from plugin_framework.framework.registry import EmitterNotFound
-        from plugin_framework.protocol import ProtocolError
-        from plugin_framework.sources.capture import CaptureFormatError
-
-        if isinstance(exc, CallbackError | PipelineError | PluginLoadError | EmitterNotFound
-                      | ProtocolError | CaptureFormatError | OSError):
+        if _is_user_facing(exc):
             print(f"pgdecode: error: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def _is_user_facing(exc: Exception) -> bool:
+    from plugin_framework.framework import (
+        CallbackError,
+        OutputError,
+        PipelineError,
+        PluginLoadError,
+    )
+    from plugin_framework.framework.registry import EmitterNotFound
+    from plugin_framework.protocol import ProtocolError
+    from plugin_framework.sources.capture import CaptureFormatError
+    from plugin_framework.sources.errors import SourceError
+
+    user_facing: tuple[type[Exception], ...] = (
+        CallbackError, OutputError, PipelineError, PluginLoadError, EmitterNotFound,
+        ProtocolError, CaptureFormatError, SourceError, OSError)
+    return isinstance(exc, user_facing)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ plugin's Output.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import IO, Any, Protocol
 
 from plugin_framework.protocol import LSN
@@ -87,23 +89,56 @@ class MemoryOutput:
 class FileOutput:
     """Writes each record followed by a newline (as pg_recvlogical does) to a file or stdout.
 
-    ``flush`` fsyncs regular files, so that what is reported durable survives a crash;
-    a pipe or terminal is durable once handed to the operating system.
+    ``flush`` fsyncs regular files, so that what is reported durable survives a crash; a pipe
+    or terminal is durable once handed to the operating system. A regular file also gets a
+    progress file beside it (``FILE.progress``: the durable LSN and the file's size at that
+    point, replaced atomically at each flush). Reopened after a crash, the file is cut back
+    to that size, dropping the output of a transaction that was cut short, and the pipeline
+    skips what the file already holds (``resume_lsn``): each transaction is in the file
+    exactly once, however often the server sends it.
     """
 
     def __init__(self, target: str | os.PathLike[str] | IO[bytes] = "-") -> None:
+        self.resume_lsn = LSN(0)
+        self._progress: Path | None = None
         if isinstance(target, str | os.PathLike):
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
                 self._owned = False
             else:
-                self._file = open(target, "ab")  # noqa: SIM115  (closed in close())
+                path = Path(target)
+                self._progress = path.with_name(path.name + ".progress")
+                size = self._resume(path)
+                self._file = open(path, "ab")  # noqa: SIM115  (closed in close())
+                if size is not None and self._file.tell() > size:
+                    self._file.truncate(size)
+                    self._file.seek(size)
                 self._owned = True
         else:
             self._file, self._owned = target, False
-        self.durable_lsn = LSN(0)
-        self._marked = LSN(0)
+        self.durable_lsn = self.resume_lsn
+        self._marked = self.resume_lsn
+        self._marked_size = self._position()
         self._write = self._file.write
+
+    def _resume(self, path: Path) -> int | None:
+        assert self._progress is not None
+        try:
+            state = json.loads(self._progress.read_text())
+            self.resume_lsn = LSN(state["lsn"])
+            return int(state["size"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OutputError(
+                f"{self._progress} is damaged ({exc}); remove it and {path} to start afresh"
+            ) from None
+
+    def _position(self) -> int:
+        try:
+            return self._file.tell()
+        except (OSError, ValueError):
+            return 0
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data)
@@ -112,11 +147,20 @@ class FileOutput:
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
             self._marked = lsn
+            if self._progress is not None:
+                self._marked_size = self._file.tell()
 
     def flush(self) -> LSN:
         self._file.flush()
         with contextlib.suppress(OSError, ValueError):  # pipes and terminals cannot be fsynced
             os.fsync(self._file.fileno())
+        if self._progress is not None and self._marked > self.durable_lsn:
+            tmp = self._progress.with_name(self._progress.name + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump({"lsn": str(self._marked), "size": self._marked_size}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._progress)
         self.durable_lsn = self._marked
         return self.durable_lsn
 

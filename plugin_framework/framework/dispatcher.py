@@ -143,7 +143,14 @@ class Pipeline:
         self._streams: dict[int, _Txn] = {}
         self._stream: _Txn | None = None
         self._prepared: dict[str, _Txn] = {}
+        # Per member: the end LSN of the last transaction it has had (or its output already
+        # held when the pipeline started). A transaction whose commit record lies before it
+        # was delivered already: the server re-sends such after a reconnect or a crash.
+        self._done: list[LSN] = []
+        self._position = LSN(0)
         self._started = False
+        self.transactions = 0  # finished transactions (any outcome), for progress reports
+        self.changes = 0
         self._handlers: dict[type, Callable[[Any, LSN, bytes | None], None]] = {
             Begin: self._on_begin, Commit: self._on_commit, Origin: self._on_origin,
             RelationMessage: self._on_relation, Type: self._on_type,
@@ -158,6 +165,11 @@ class Pipeline:
         }
 
     # --- set-up -------------------------------------------------------------------------------
+
+    def set_proto_version(self, proto_version: int) -> None:
+        """The protocol version the source negotiated (before startup)."""
+        self.proto_version = proto_version
+        self.decoder = Decoder(proto_version)
 
     def add(self, plugin: object, *, options: Mapping[str, str | None] | None = None,
             output: Output | None = None, name: str | None = None) -> LogicalDecodingContext:
@@ -178,6 +190,7 @@ class Pipeline:
         ``ctx.twophase`` there to receive streamed or prepared transactions whole, at commit
         (as ``ctx->streaming &= ...`` does in C)."""
         self._started = True
+        self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
         for m in self.members:
             m.ctx.streaming = m.plugin.streaming
             m.ctx.twophase = m.plugin.two_phase
@@ -217,11 +230,11 @@ class Pipeline:
 
     def flush(self) -> LSN:
         """Flush every output; return the LSN up to which the server may forget the stream."""
-        durable = min((m.ctx.output.flush() for m in self.members), default=LSN(0))
+        durable = min((m.ctx.output.flush() for m in self.members), default=self._position)
         return self._cap(durable)
 
     def safe_lsn(self) -> LSN:
-        durable = min((m.ctx.output.durable_lsn for m in self.members), default=LSN(0))
+        durable = min((m.ctx.output.durable_lsn for m in self.members), default=self._position)
         return self._cap(durable)
 
     def _cap(self, lsn: LSN) -> LSN:
@@ -245,8 +258,45 @@ class Pipeline:
         return view
 
     def _mark(self, members: Iterable[int], lsn: LSN) -> None:
+        done = self._done
+        if lsn > self._position:
+            self._position = lsn
         for i in members:
             self.members[i].ctx.output.mark(lsn)
+            if lsn > done[i]:
+                done[i] = lsn
+
+    def _delivered(self, i: int, lsn: LSN | None) -> bool:
+        """Whether member i already had the transaction whose commit (or prepare, or
+        rollback) record is at ``lsn``."""
+        return lsn is not None and lsn < self._done[i]
+
+    @property
+    def position(self) -> LSN:
+        """The end LSN of the last transaction (or message) the pipeline finished."""
+        return self._position
+
+    @property
+    def at_boundary(self) -> bool:
+        """True between transactions (and between stream blocks): a clean place to stop."""
+        return self._txn is None and self._stream is None
+
+    def reset(self) -> None:
+        """Forget what was received but not finished, after the connection was lost: the
+        server will send it again. Plugins that were streamed part of a transaction are told
+        to abort it. Prepared transactions awaited by a plugin are kept (acknowledgement
+        never passed them, so the server re-sends them, and those re-sends are skipped)."""
+        for state in self._streams.values():
+            for i in state.live:
+                self.members[i].call("stream_abort", LSN(0), state.base.xid,
+                                     self._view(state, i), None)
+            self._close(state)
+        self._streams.clear()
+        self._stream = None
+        if self._txn is not None:
+            self._close(self._txn)
+        self._txn = None
+        self.decoder.in_stream = False
 
     def _origin_filtered(self, state: _Txn) -> list[int]:
         origin = state.base.origin
@@ -323,18 +373,30 @@ class Pipeline:
         """Decide, once the origin is known, who gets this transaction live and who later."""
         state.started = True
         base = state.base
+        # A re-sent PREPARE of a transaction whose spool we still hold is skipped by all.
+        resent = base.is_prepared and base.gid in self._prepared
         state.skipped = self._origin_filtered(state)
         for i, m in enumerate(self.members):
             if i in state.skipped:
                 continue
             if not base.is_prepared:
+                if self._delivered(i, base.final_lsn):
+                    state.skipped.append(i)
+                    continue
                 state.live.append(i)
                 m.call("begin", base.first_lsn or LSN(0), base.xid, self._view(state, i))
             elif m.ctx.twophase and not self._filters_prepare(m, base):
+                if resent or self._delivered(i, base.final_lsn):
+                    state.skipped.append(i)
+                    continue
                 state.live.append(i)
                 m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
                        self._view(state, i))
+            elif resent:
+                state.skipped.append(i)
             else:
+                # It gets the transaction at COMMIT PREPARED; whether it already had it is
+                # told by that record's LSN, not this one's.
                 state.held.append(i)
         if state.held:
             state.spool = Spool(self.budget)
@@ -363,6 +425,7 @@ class Pipeline:
         self.type_names[m.type_oid] = (m.namespace, m.name)
 
     def _on_change(self, m: Insert | Update | Delete, lsn: LSN, raw: bytes | None) -> None:
+        self.changes += 1
         stream = self._stream
         if stream is not None:
             def args() -> tuple[Any, ...]:
@@ -404,9 +467,11 @@ class Pipeline:
     def _on_message(self, m: LogicalMessage, lsn: LSN, raw: bytes | None) -> None:
         args = (m.lsn, m.transactional, m.prefix, m.content)
         if not m.transactional:
-            for member in self.members:
-                if member.plugin.has("message"):
+            for i, member in enumerate(self.members):
+                if member.plugin.has("message") and not self._delivered(i, m.lsn):
                     member.call("message", m.lsn, None, None, *args)
+            # Its record starts at m.lsn: anything past that start is beyond it.
+            self._mark(range(len(self.members)), LSN(m.lsn + 1))
             return
         stream = self._stream
         if stream is not None:
@@ -431,6 +496,7 @@ class Pipeline:
             self.members[i].call("commit", m.end_lsn, state.base.xid, state.views[i],
                                  m.commit_lsn)
         self._mark(range(len(self.members)), m.end_lsn)
+        self.transactions += 1
 
     def _on_prepare(self, m: Prepare, lsn: LSN, raw: bytes | None) -> None:
         state = self._current("prepare")
@@ -441,15 +507,19 @@ class Pipeline:
         for i in state.live:
             self.members[i].call("prepare", m.end_lsn, state.base.xid, state.views[i],
                                  m.prepare_lsn)
+        if m.gid in self._prepared:  # a re-send of one we hold: keep the original
+            self._close(state)
+            return
         self._prepared[m.gid] = state
         self._mark([*state.live, *state.skipped], m.end_lsn)
 
     def _on_commit_prepared(self, m: CommitPrepared, lsn: LSN, raw: bytes | None) -> None:
         state = self._prepared.pop(m.gid, None)
         if state is None:
-            state = self._unseen_prepared(m.xid, m.gid)
+            state = self._unseen_prepared(m.xid, m.gid, m.commit_lsn)
         base = state.base
         base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
+        self._drop_delivered(state, m.commit_lsn)
         for i in state.live:
             view = self._view(state, i)
             view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
@@ -463,11 +533,13 @@ class Pipeline:
             self._replay(state, state.held, ordinary, m.commit_lsn, prepared=False)
         self._close(state)
         self._mark(range(len(self.members)), m.end_lsn)
+        self.transactions += 1
 
     def _on_rollback_prepared(self, m: RollbackPrepared, lsn: LSN, raw: bytes | None) -> None:
         state = self._prepared.pop(m.gid, None)
         if state is None:
-            state = self._unseen_prepared(m.xid, m.gid)
+            state = self._unseen_prepared(m.xid, m.gid, LSN(m.rollback_end_lsn - 1))
+        self._drop_delivered(state, LSN(m.rollback_end_lsn - 1))
         for i in state.live:
             view = self._view(state, i)
             view.end_lsn = m.rollback_end_lsn
@@ -478,12 +550,22 @@ class Pipeline:
                                  self._view(state, i), None)
         self._close(state)
         self._mark(range(len(self.members)), m.rollback_end_lsn)
+        self.transactions += 1
 
-    def _unseen_prepared(self, xid: int, gid: str) -> _Txn:
+    def _drop_delivered(self, state: _Txn, lsn: LSN) -> None:
+        """Take members that already had this outcome (a re-send) out of the delivery."""
+        state.live = [i for i in state.live if not self._delivered(i, lsn)]
+        state.held = [i for i in state.held if not self._delivered(i, lsn)]
+        state.streamed_held = [i for i in state.streamed_held if not self._delivered(i, lsn)]
+
+    def _unseen_prepared(self, xid: int, gid: str, lsn: LSN) -> _Txn:
         """COMMIT/ROLLBACK PREPARED of a transaction prepared before this pipeline started
-        (its PREPARE was acknowledged earlier): only two-phase plugins can take it."""
+        (its PREPARE was acknowledged earlier): only two-phase plugins can take it, unless
+        a plugin's output already holds the outcome."""
         state = _Txn(Transaction(xid, gid=gid, is_prepared=True), started=True)
         for i, m in enumerate(self.members):
+            if self._delivered(i, lsn):
+                continue
             if not m.ctx.twophase:
                 raise PipelineError(
                     f'prepared transaction "{gid}" was prepared before this pipeline started, '
@@ -578,6 +660,11 @@ class Pipeline:
             raise PipelineError(f"Stream Commit of transaction {m.xid}, which was never streamed")
         base = state.base
         base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
+        for i in [i for i in state.live if self._delivered(i, m.commit_lsn)]:
+            # a re-send of a transaction this member already committed: undo the re-stream
+            self.members[i].call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+        state.live = [i for i in state.live if not self._delivered(i, m.commit_lsn)]
+        state.held = [i for i in state.held if not self._delivered(i, m.commit_lsn)]
         for i in state.live:
             view = self._view(state, i)
             view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
@@ -589,11 +676,17 @@ class Pipeline:
         self.relations.update(state.relations)
         self._close(state)
         self._mark(range(len(self.members)), m.end_lsn)
+        self.transactions += 1
 
     def _on_stream_prepare(self, m: StreamPrepare, lsn: LSN, raw: bytes | None) -> None:
         state = self._streams.pop(m.xid, None)
         if state is None:
             raise PipelineError(f"Stream Prepare of transaction {m.xid}, which was never streamed")
+        if m.gid in self._prepared:  # re-sent after a reconnect; we still hold the original
+            for i in state.live:
+                self.members[i].call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+            self._close(state)
+            return
         base = state.base
         base.final_lsn, base.end_lsn, base.gid = m.prepare_lsn, m.end_lsn, m.gid
         base.prepare_time, base.is_prepared = m.prepare_time, True
@@ -605,6 +698,9 @@ class Pipeline:
         for i in streamers:
             member = self.members[i]
             if member.ctx.twophase and not self._filters_prepare(member, base):
+                if self._delivered(i, m.prepare_lsn):  # re-sent: undo the re-stream
+                    member.call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+                    continue
                 state.live.append(i)
                 member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
                             m.prepare_lsn)
@@ -615,7 +711,8 @@ class Pipeline:
         for i in waiting:
             member = self.members[i]
             if member.ctx.twophase and not self._filters_prepare(member, base):
-                two_phase.append(i)
+                if not self._delivered(i, m.prepare_lsn):
+                    two_phase.append(i)
             else:
                 state.held.append(i)
         if two_phase:

@@ -127,11 +127,12 @@ class Decoder:
         """Decode exactly one message; raise a ProtocolError for anything malformed."""
         if type(data) is not bytes:
             data = bytes(data)
-        if not data:
-            raise TruncatedMessageError("empty message: no type byte", 0)
-        reader = self._readers.get(data[0])
-        if reader is None:
-            raise _unknown_type(data[0], self.proto_version)
+        try:
+            reader = self._readers[data[0]]
+        except IndexError:
+            raise TruncatedMessageError("empty message: no type byte", 0) from None
+        except KeyError:
+            raise _unknown_type(data[0], self.proto_version) from None
         return reader(data)
 
     # --- transaction control ----------------------------------------------------------------
@@ -394,28 +395,43 @@ class Decoder:
 
 
 def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
-    """Parse TupleData at ``pos``; return it and the offset just past it. The hot path: per
-    column, one length unpack and one slice, nothing else that calls out of the loop."""
+    """Parse TupleData at ``pos``; return it and the offset just past it.
+
+    The hot path. Per column: one length unpack and one slice, no call out of the loop. Most
+    rows are text in every column, so a first loop reads text columns without recording their
+    kinds; at the first other kind, the general loop takes over from that column.
+    """
     size = len(data)
     if size < pos + 2:
         raise _truncated(data, "column count of a tuple")
     ncols = (data[pos] << 8) | data[pos + 1]
     pos += 2
-    kinds = bytearray(ncols)
     values: list[bytes | None] = [None] * ncols  # null and unchanged TOAST stay None
     unpack_len = _U32.unpack_from
     i = 0
     try:
         for i in range(ncols):
+            if data[pos] != KIND_TEXT:
+                break
+            start = pos + 5
+            pos = start + unpack_len(data, pos + 1)[0]
+            if pos > size:
+                raise _truncated(data, f"value of column {i} ({pos - start} bytes)")
+            values[i] = data[start:pos]
+        else:
+            return _make_tuple_data(b"t" * ncols, tuple(values)), pos
+
+        kinds = bytearray(b"t") * ncols
+        for i in range(i, ncols):
             kind = kinds[i] = data[pos]
-            if kind == KIND_TEXT or kind == KIND_BINARY:
+            if kind == KIND_NULL or kind == KIND_UNCHANGED_TOAST:
+                pos += 1
+            elif kind == KIND_TEXT or kind == KIND_BINARY:
                 start = pos + 5
                 pos = start + unpack_len(data, pos + 1)[0]
                 if pos > size:
                     raise _truncated(data, f"value of column {i} ({pos - start} bytes)")
                 values[i] = data[start:pos]
-            elif kind == KIND_NULL or kind == KIND_UNCHANGED_TOAST:
-                pos += 1
             else:
                 raise InvalidFieldError(
                     f"unknown column kind {_show(kind)} of column {i}, "
@@ -424,10 +440,7 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
                 )
     except (IndexError, struct.error):
         raise _truncated(data, f"column {i} of {ncols}") from None
-    row: TupleData = _new(TupleData)  # see _make_insert
-    _TD_KINDS(row, bytes(kinds))
-    _TD_VALUES(row, tuple(values))
-    return row, pos
+    return _make_tuple_data(bytes(kinds), tuple(values)), pos
 
 
 # A frozen dataclass's generated __init__ stores each field with object.__setattr__, which costs

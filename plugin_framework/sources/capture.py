@@ -49,6 +49,9 @@ class CaptureWriter:
     def flush(self) -> None:
         self._file.flush()
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def close(self) -> None:
         self._file.close()
 

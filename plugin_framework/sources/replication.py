@@ -25,7 +25,11 @@ from plugin_framework.protocol import (
 
 
 class ReplicationError(Exception):
-    """The replication connection failed; the message says what the server said."""
+    """The replication stream ended; ``sqlstate`` is the server's error code, if it sent one."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 def quote_ident(name: str) -> str:
@@ -100,7 +104,8 @@ class ReplicationStream:
             pass
         if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
             message = (result.error_message or b"").decode(errors="replace").strip()
-            raise ReplicationError(f"replication stream ended: {message}")
+            code = result.error_field(pq.DiagnosticField.SQLSTATE)
+            raise ReplicationError(message, code.decode() if code else None)
         raise ReplicationError("the server ended the replication stream")
 
     def close(self) -> None:

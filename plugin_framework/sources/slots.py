@@ -1,0 +1,84 @@
+"""Replication slot management: create (optionally if not exists), drop, list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from plugin_framework.protocol import LSN
+from plugin_framework.sources.replication import quote_ident
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    database: str | None
+    temporary: bool
+    active: bool
+    active_pid: int | None
+    two_phase: bool
+    confirmed_flush_lsn: LSN | None
+    restart_lsn: LSN | None
+    wal_status: str | None
+    failover: bool | None  # PostgreSQL 17 and later
+    invalidation_reason: str | None  # PostgreSQL 17 and later
+
+
+def list_slots(conn: psycopg.Connection[Any], name: str | None = None) -> list[SlotInfo]:
+    version = conn.info.server_version
+    extra = ", failover, invalidation_reason" if version >= 170000 else ", NULL, NULL"
+    rows = conn.execute(
+        "SELECT slot_name, plugin, database, temporary, active, active_pid, two_phase, "
+        f"confirmed_flush_lsn::text, restart_lsn::text, wal_status{extra} "
+        "FROM pg_replication_slots WHERE slot_type = 'logical' "
+        "AND (%s::text IS NULL OR slot_name = %s) ORDER BY slot_name",
+        (name, name),
+    ).fetchall()
+    return [
+        SlotInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                 LSN(r[7]) if r[7] else None, LSN(r[8]) if r[8] else None, r[9], r[10], r[11])
+        for r in rows
+    ]
+
+
+def create_slot(conn: psycopg.Connection[Any], name: str, *, two_phase: bool = False,
+                failover: bool = False, if_not_exists: bool = False) -> tuple[SlotInfo, bool]:
+    """Create a persistent pgoutput slot; returns it and whether it was created now."""
+    existing = list_slots(conn, name)
+    if existing:
+        if if_not_exists:
+            return existing[0], False
+        raise psycopg.errors.DuplicateObject(f'replication slot "{name}" already exists')
+    if failover and conn.info.server_version < 170000:
+        raise ValueError("failover slots need PostgreSQL 17 or later")
+    if conn.info.server_version >= 170000:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s, %s)",
+                     (name, two_phase, failover))
+    else:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
+                     (name, two_phase))
+    return list_slots(conn, name)[0], True
+
+
+def drop_slot(conn: psycopg.Connection[Any], name: str, *, if_exists: bool = False) -> bool:
+    if not list_slots(conn, name):
+        if if_exists:
+            return False
+        raise psycopg.errors.UndefinedObject(f'replication slot "{name}" does not exist')
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    return True
+
+
+def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bool,
+                                    server_version: int) -> str:
+    """CREATE_REPLICATION_SLOT for a replication connection (needed for temporary slots,
+    which live as long as the connection that created them)."""
+    temp = " TEMPORARY" if temporary else ""
+    if server_version >= 150000:
+        options = ["SNAPSHOT 'nothing'"] + (["TWO_PHASE"] if two_phase else [])
+        return (f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput "
+                f"({', '.join(options)})")
+    return f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT"

@@ -1,0 +1,138 @@
+"""The SQL-interface source: for places where a replication connection is not allowed.
+
+It peeks a batch with ``pg_logical_slot_peek_binary_changes``, feeds it to the pipeline,
+flushes the outputs, and only then advances the slot (``pg_replication_slot_advance``) to
+what is durable. The next peek starts from the slot again, so what was not acknowledged (an
+unfinished streamed transaction, a prepared one a plugin still waits for) is read again; the
+pipeline skips what its outputs already have.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from plugin_framework.framework import Pipeline
+from plugin_framework.protocol import LSN
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.slots import create_slot, list_slots
+from plugin_framework.sources.walsender import (
+    Progress,
+    SourceConfig,
+    highest_proto_version,
+    pgoutput_options,
+)
+
+log = logging.getLogger("pgdecode.source")
+
+
+class SqlSource:
+    def __init__(self, config: SourceConfig, pipeline: Pipeline, *, batch_changes: int = 10000,
+                 poll_interval: float = 1.0,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.config = config
+        self.pipeline = pipeline
+        self.batch_changes = batch_changes
+        self.poll_interval = poll_interval
+        self.on_progress = on_progress
+        self.progress = Progress()
+        self._stop = threading.Event()
+        self._started = False
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
+                    self.progress.connected = True
+                    self._run(conn)
+                    return
+            except psycopg.Error as exc:
+                error = explain(exc, self.config.conninfo, self.config.slot,
+                                self.config.proto_version)
+                if not isinstance(error, ConnectionLost) or not self.config.reconnect:
+                    raise error from None
+                self.progress.connected = False
+                self.progress.reconnects += 1
+                log.warning("%s; reconnecting in %.0f s", error, backoff)
+                self.pipeline.reset()
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.config.max_backoff)
+
+    def _run(self, conn: psycopg.Connection[Any]) -> None:
+        cfg = self.config
+        level = conn.execute("SHOW wal_level").fetchone()
+        if level is None or level[0] != "logical":
+            raise SourceError(
+                f'wal_level is "{level[0] if level else "?"}" on the server; logical decoding '
+                "needs wal_level = logical: run ALTER SYSTEM SET wal_level = logical; and "
+                "restart the server"
+            )
+        is_init = False
+        if cfg.create_slot:
+            _, is_init = create_slot(conn, cfg.slot, two_phase=cfg.slot_two_phase,
+                                     if_not_exists=True)
+        slots = list_slots(conn, cfg.slot)
+        if not slots:
+            raise SourceError(
+                f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
+                f"create -S {cfg.slot} ...` or pass --create-slot"
+            )
+        server_version = conn.info.server_version
+        proto = cfg.proto_version or highest_proto_version(server_version)
+        if not self._started:
+            self.pipeline.set_proto_version(proto)
+            self.pipeline.startup(is_init=is_init)
+            self._started = True
+        two_phase = cfg.two_phase
+        if two_phase is None:
+            two_phase = any(m.ctx.twophase for m in self.pipeline.members)
+        options = pgoutput_options(cfg, proto, two_phase=False, server_version=server_version)
+        if cfg.streaming == "parallel":
+            options["streaming"] = "on"  # the SQL interface has no parallel apply to feed
+        flat = [x for kv in options.items() for x in kv]
+        # Through the SQL interface, two_phase is the slot's property, not an option.
+        if two_phase and not slots[0].two_phase:
+            log.warning('slot "%s" was created without two_phase: prepared transactions '
+                        "arrive at COMMIT PREPARED", cfg.slot)
+        while not self._stop.is_set():
+            flush_before = LSN(str(conn.execute("SELECT pg_current_wal_flush_lsn()")
+                                   .fetchone()[0]))  # type: ignore[index]
+            rows = conn.execute(
+                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
+                "%s, NULL, %s, VARIADIC %s::text[])",
+                (cfg.slot, self.batch_changes, flat),
+            ).fetchall()
+            for lsn, data in rows:
+                self.progress.messages += 1
+                self.pipeline.feed(bytes(data), LSN(lsn))
+                if cfg.endpos is not None and self.pipeline.at_boundary \
+                        and self.pipeline.position >= cfg.endpos:
+                    self._stop.set()
+                    break
+            ack = self.pipeline.flush()
+            idle = len(rows) < self.batch_changes and not self.pipeline.in_flight
+            if idle and self.pipeline.at_boundary and flush_before > ack:
+                ack = flush_before
+            # what was not finished is read again from the slot next time
+            self.pipeline.reset()
+            if ack > self.progress.acked:
+                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                             (cfg.slot, str(ack)))
+                self.progress.acked = ack
+            self.progress.server_end = flush_before
+            if self.on_progress is not None:
+                self.on_progress(self.progress)
+            if cfg.endpos is not None and flush_before >= cfg.endpos and idle:
+                return
+            if len(rows) < self.batch_changes:
+                self._stop.wait(self.poll_interval)
+        self.pipeline.flush()

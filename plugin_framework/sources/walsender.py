@@ -1,0 +1,329 @@
+"""The streaming replication source: START_REPLICATION over psycopg 3, driving a Pipeline,
+acknowledging only what every output has made durable.
+
+Acknowledgement rules:
+- ``flushed`` (what the server may forget) is the pipeline's durable LSN: the minimum over
+  outputs of what they fsynced, never past a prepared transaction a plugin still waits for.
+- When nothing is in flight, it advances to the WAL position of the server's last keepalive,
+  so that an idle slot (or one whose changes are all filtered out) does not hold WAL back.
+- Status updates go every ``status_interval`` seconds, when the server asks, and at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from plugin_framework.framework import Pipeline
+from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.replication import (
+    ReplicationError,
+    ReplicationStream,
+    quote_literal,
+)
+from plugin_framework.sources.slots import create_replication_slot_command
+
+log = logging.getLogger("pgdecode.source")
+
+# The newest pgoutput protocol version each server major version speaks.
+_PROTO_BY_MAJOR = ((16, 4), (15, 3), (14, 2), (10, 1))
+
+
+def highest_proto_version(server_version: int) -> int:
+    major = server_version // 10000
+    for since, version in _PROTO_BY_MAJOR:
+        if major >= since:
+            return version
+    raise SourceError(f"PostgreSQL {major} has no logical replication; 10 or later is needed")
+
+
+@dataclass
+class SourceConfig:
+    conninfo: str
+    slot: str
+    publications: Sequence[str]
+    proto_version: int | None = None  # None: the highest the server speaks
+    streaming: str = "on"  # off, on, parallel (protocol 4)
+    two_phase: bool | None = None  # None: when some plugin takes prepared transactions
+    messages: bool = True
+    binary: bool = False
+    origin: str | None = None  # "any" or "none", PostgreSQL 16 and later
+    endpos: LSN | None = None
+    status_interval: float = 10.0
+    reconnect: bool = True
+    max_backoff: float = 30.0
+    create_slot: bool = False
+    slot_two_phase: bool = False
+    temporary_slot: bool = False
+
+
+@dataclass
+class Progress:
+    """What the status line and logs show."""
+
+    received: LSN = field(default_factory=LSN)
+    acked: LSN = field(default_factory=LSN)
+    server_end: LSN = field(default_factory=LSN)
+    server_time: float = 0.0  # time.time() of the server's last send time
+    messages: int = 0
+    transactions: int = 0
+    changes: int = 0
+    connected: bool = False
+    reconnects: int = 0
+
+
+def pgoutput_options(config: SourceConfig, proto_version: int, two_phase: bool,
+                     server_version: int) -> dict[str, str]:
+    if not config.publications:
+        raise SourceError("at least one --publication is needed")
+    opts = {
+        "proto_version": str(proto_version),
+        "publication_names": ",".join(
+            '"' + p.replace('"', '""') + '"' for p in config.publications
+        ),
+    }
+    if config.messages:
+        opts["messages"] = "true"
+    if config.binary:
+        opts["binary"] = "true"
+    if config.streaming not in ("off", "on", "parallel"):
+        raise SourceError(f"--streaming must be off, on or parallel, not {config.streaming!r}")
+    if config.streaming == "parallel" and proto_version < 4:
+        raise SourceError("--streaming parallel needs protocol version 4 (PostgreSQL 16+)")
+    if config.streaming != "off":
+        if proto_version < 2:
+            raise SourceError("streaming needs protocol version 2 or later")
+        opts["streaming"] = config.streaming if proto_version >= 4 else "true"
+    if two_phase:
+        if proto_version < 3:
+            raise SourceError("two_phase needs protocol version 3 (PostgreSQL 15+)")
+        opts["two_phase"] = "true"
+    if config.origin is not None:
+        if server_version < 160000:
+            raise SourceError("the origin option needs PostgreSQL 16 or later")
+        opts["origin"] = config.origin
+    return opts
+
+
+class WalsenderSource:
+    """Runs a Pipeline from a replication slot until endpos, a stop request, or an error."""
+
+    def __init__(self, config: SourceConfig, pipeline: Pipeline,
+                 on_progress: Callable[[Progress], None] | None = None,
+                 tap: Callable[[XLogData | PrimaryKeepalive], None] | None = None,
+                 before_status: Callable[[], None] | None = None) -> None:
+        """``tap`` sees every message as received (capture); ``before_status`` runs before
+        each acknowledgement (a capture file's fsync)."""
+        self.config = config
+        self.tap = tap
+        self.before_status = before_status
+        self.pipeline = pipeline
+        self.progress = Progress()
+        self.on_progress = on_progress
+        self._stop = threading.Event()
+        self._repl: ReplicationStream | None = None
+        self._started = False
+        self._proto: int | None = None
+        self._options: dict[str, str] = {}
+        self.server_version = 0
+        self._last_status = 0.0
+
+    def request_stop(self) -> None:
+        """Finish the transaction being delivered, acknowledge, and return from run()."""
+        self._stop.set()
+
+    def run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                self._connect()
+                backoff = 1.0
+                self._stream()
+                return
+            except ConnectionLost as exc:
+                if not self.config.reconnect or self._stop.is_set():
+                    raise
+                self.progress.connected = False
+                self.progress.reconnects += 1
+                log.warning("%s; reconnecting in %.0f s", exc, backoff)
+                self.pipeline.reset()
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.config.max_backoff)
+            finally:
+                self._close()
+
+    # --- connection -----------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        cfg = self.config
+        try:
+            repl = self._repl = ReplicationStream(cfg.conninfo)
+            server_version = repl.conn.info.server_version
+            self._check_server(repl, server_version)
+            is_init = False
+            if cfg.create_slot:
+                is_init = self._create_slot(repl, server_version)
+            self._check_slot(repl)
+        except psycopg.Error as exc:
+            raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
+        highest = highest_proto_version(server_version)
+        proto = cfg.proto_version or highest
+        if proto > highest:
+            raise SourceError(
+                f"PostgreSQL {server_version // 10000} speaks pgoutput protocol up to version "
+                f"{highest}, not {proto}: use --proto-version {highest} or leave it out"
+            )
+        if not self._started:
+            self.pipeline.set_proto_version(proto)
+            self.pipeline.startup(is_init=is_init)
+            self._started = True
+        self._proto = proto
+        self.server_version = server_version
+        two_phase = cfg.two_phase
+        if two_phase is None:
+            two_phase = proto >= 3 and any(m.ctx.twophase for m in self.pipeline.members)
+        self._options = pgoutput_options(cfg, proto, two_phase, server_version)
+        self.progress.connected = True
+
+    def _check_server(self, repl: ReplicationStream, server_version: int) -> None:
+        level = repl.command("SHOW wal_level")[0][0]
+        if level != "logical":
+            raise SourceError(
+                f'wal_level is "{level}" on the server; logical decoding needs wal_level = '
+                "logical: run ALTER SYSTEM SET wal_level = logical; and restart the server"
+            )
+        names = ", ".join(quote_literal(p) for p in self.config.publications)
+        if names:
+            found = {r[0] for r in repl.command(
+                f"SELECT pubname FROM pg_publication WHERE pubname IN ({names})")}
+            missing = [p for p in self.config.publications if p not in found]
+            if missing:
+                raise SourceError(
+                    f'publication "{missing[0]}" does not exist in database '
+                    f'"{repl.conn.info.dbname}": create it (CREATE PUBLICATION {missing[0]} '
+                    "FOR ALL TABLES, or FOR TABLE ...) or name an existing one"
+                )
+
+    def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
+        cfg = self.config
+        exists = repl.command(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = "
+            f"{quote_literal(cfg.slot)}")
+        if exists:
+            return False
+        repl.command(create_replication_slot_command(
+            cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
+            server_version=server_version))
+        log.info('created replication slot "%s"', cfg.slot)
+        return True
+
+    def _check_slot(self, repl: ReplicationStream) -> None:
+        cfg = self.config
+        rows = repl.command(
+            "SELECT plugin, database, wal_status, active_pid FROM pg_replication_slots "
+            f"WHERE slot_name = {quote_literal(cfg.slot)}")
+        if not rows:
+            raise SourceError(
+                f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
+                f"create -S {cfg.slot} ...` or pass --create-slot"
+            )
+        plugin, database, wal_status, pid = rows[0]
+        if plugin != "pgoutput":
+            raise SourceError(
+                f'replication slot "{cfg.slot}" uses output plugin "{plugin}"; pgdecode reads '
+                "pgoutput slots: create one with `pgdecode slot create`"
+            )
+        if database != repl.conn.info.dbname:
+            raise SourceError(
+                f'replication slot "{cfg.slot}" belongs to database "{database}", not '
+                f'"{repl.conn.info.dbname}": connect to that database with -d'
+            )
+        if wal_status == "lost":
+            raise SourceError(
+                f'replication slot "{cfg.slot}" was invalidated (the WAL it needed was '
+                "removed) and cannot be used again: drop it, create a new one and re-copy "
+                "the tables (raise max_slot_wal_keep_size to prevent this)"
+            )
+        if pid is not None and not cfg.temporary_slot:
+            if self.progress.reconnects:
+                # Our own previous walsender, not yet gone: try again shortly.
+                raise ConnectionLost(f'replication slot "{cfg.slot}" is still active for PID {pid}')
+            raise SourceError(
+                f'replication slot "{cfg.slot}" is active for PID {pid}: another consumer is '
+                "reading it; stop it, or use another slot (each consumer needs its own)"
+            )
+
+    def _close(self) -> None:
+        if self._repl is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._repl.close()
+            self._repl = None
+
+    # --- streaming ------------------------------------------------------------------------------
+
+    def _stream(self) -> None:
+        repl = self._repl
+        assert repl is not None and self._proto is not None
+        cfg = self.config
+        try:
+            repl.start(cfg.slot, LSN(0), self._options)
+        except psycopg.Error as exc:
+            raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
+        self._last_status = time.monotonic()
+        pipeline = self.pipeline
+        progress = self.progress
+        try:
+            while True:
+                if self._stop.is_set() and pipeline.at_boundary:
+                    break
+                wait = self._last_status + cfg.status_interval - time.monotonic()
+                message = repl.read(max(0.0, min(wait, 1.0)))
+                if message is not None and self.tap is not None:
+                    self.tap(message)
+                if isinstance(message, XLogData):
+                    progress.messages += 1
+                    if message.wal_start > progress.received:
+                        progress.received = message.wal_start
+                    pipeline.feed(message.data, message.wal_start)
+                    if cfg.endpos is not None and pipeline.at_boundary \
+                            and pipeline.position >= cfg.endpos:
+                        break
+                elif isinstance(message, PrimaryKeepalive):
+                    progress.server_end = message.wal_end
+                    progress.server_time = message.send_time.timestamp()
+                    if message.reply_requested:
+                        self._send_status()
+                    if cfg.endpos is not None and message.wal_end >= cfg.endpos \
+                            and pipeline.at_boundary and not pipeline.in_flight:
+                        break
+                if time.monotonic() - self._last_status >= cfg.status_interval:
+                    self._send_status()
+            self._send_status()
+        except (ReplicationError, psycopg.Error) as exc:
+            raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
+
+    def _send_status(self) -> None:
+        repl = self._repl
+        assert repl is not None
+        pipeline = self.pipeline
+        progress = self.progress
+        if self.before_status is not None:
+            self.before_status()
+        ack = pipeline.flush()
+        if not pipeline.in_flight and pipeline.at_boundary and progress.server_end > ack:
+            ack = progress.server_end
+        if ack > progress.acked:
+            progress.acked = ack
+        written = max(progress.received, progress.acked)
+        repl.send_status(written, progress.acked, progress.acked)
+        self._last_status = time.monotonic()
+        if self.on_progress is not None:
+            self.on_progress(progress)
