@@ -149,6 +149,10 @@ class Pipeline:
         self._done: list[LSN] = []
         self._position = LSN(0)
         self._started = False
+        # Applied to every change before any plugin sees it: returns the change, a transformed
+        # one (an UPDATE that becomes an INSERT or DELETE), or None to drop it. Row filters
+        # and column lists are built on it. TRUNCATE is never filtered.
+        self.change_filter: Callable[[Change], Change | None] | None = None
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
         self._handlers: dict[type, Callable[[Any, LSN, bytes | None], None]] = {
@@ -330,19 +334,27 @@ class Pipeline:
                 "the stream must be read from the slot's start, not from the middle"
             ) from None
 
-    def _change(self, m: Insert | Update | Delete, lsn: LSN, state: _Txn | None) -> Change:
+    def _change(self, m: Insert | Update | Delete, lsn: LSN,
+                state: _Txn | None) -> Change | None:
+        """The Change a message describes, after ``change_filter`` (None: filtered out)."""
         rel = self._relation(m.relation_id, state)
+        change: Change
         if type(m) is Insert:
-            return Change(Action.INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
-        if type(m) is Update:
+            change = Change(Action.INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
+        elif type(m) is Update:
             before = m.key if m.key is not None else m.old
-            return Change(Action.UPDATE, rel, Row(rel, m.new),
-                          None if before is None else Row(rel, before), m.key is not None,
-                          lsn, m.xid)
-        assert isinstance(m, Delete)
-        before = m.key if m.key is not None else m.old
-        assert before is not None
-        return Change(Action.DELETE, rel, None, Row(rel, before), m.key is not None, lsn, m.xid)
+            change = Change(Action.UPDATE, rel, Row(rel, m.new),
+                            None if before is None else Row(rel, before), m.key is not None,
+                            lsn, m.xid)
+        else:
+            assert isinstance(m, Delete)
+            before = m.key if m.key is not None else m.old
+            assert before is not None
+            change = Change(Action.DELETE, rel, None, Row(rel, before), m.key is not None, lsn,
+                            m.xid)
+        if self.change_filter is not None:
+            return self.change_filter(change)
+        return change
 
     # --- ordinary and prepared transactions ----------------------------------------------------
 
@@ -428,15 +440,15 @@ class Pipeline:
         self.changes += 1
         stream = self._stream
         if stream is not None:
-            def args() -> tuple[Any, ...]:
+            def args() -> tuple[Any, ...] | None:
                 change = self._change(m, lsn, stream)
-                return change.relation, change
+                return None if change is None else (change.relation, change)
 
             self._stream_item(stream, lsn, m.xid, raw, "stream_change", args)
             return
         state = self._current("change")
-        if state.live:
-            change = self._change(m, lsn, state)
+        change = self._change(m, lsn, state) if state.live else None
+        if change is not None:
             view = self._view
             members = self.members
             for i in state.live:
@@ -616,10 +628,10 @@ class Pipeline:
                 state.in_block = [-1]  # the block is open even when nobody streams
 
     def _stream_item(self, state: _Txn, lsn: LSN, xid: int | None, raw: bytes | None, cb: str,
-                     args: Callable[[], tuple[Any, ...]]) -> None:
+                     args: Callable[[], tuple[Any, ...] | None]) -> None:
         self._stream_begin_block(state)
-        if state.live:
-            built = args()
+        built = args() if state.live else None
+        if built is not None:
             for i in state.live:
                 member = self.members[i]
                 if member.plugin.has(cb):
@@ -761,6 +773,8 @@ class Pipeline:
         args: tuple[Any, ...]
         if isinstance(msg, (Insert, Update, Delete)):
             change = self._change(msg, lsn, overlay)
+            if change is None:
+                return
             cb, args = "change", (change.relation, change)
         elif isinstance(msg, Truncate):
             cb, args = "truncate", self._truncate_args(msg, lsn, overlay)
