@@ -65,8 +65,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from plugin_framework.protocol import XLogData
     from plugin_framework.sources.capture import read_capture
 
+    pipeline = build_pipeline(args, None, None)  # bad emitters or options fail first
     header, frames = read_capture(args.file)
-    pipeline = build_pipeline(args, header.slot, None)
+    pipeline.slot_name = header.slot
     pipeline.set_proto_version(header.proto_version)
     pipeline.startup(is_init=False)
     try:

@@ -8,12 +8,15 @@ transaction.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from pglast import ast, parse_sql
 from pglast.parser import ParseError
+
+_PLACEHOLDER = re.compile(r"%(?:\([^)]*\))?s")
 
 
 class CatalogError(Exception):
@@ -36,8 +39,11 @@ class Catalog:
 
     @staticmethod
     def check_read_only(sql: str) -> None:
+        # psycopg's placeholders are not SQL; PostgreSQL's own ($1) parse the same way.
+        counter = iter(range(1, 10_000))
+        parsable = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql.replace("%%", "%"))
         try:
-            statements = parse_sql(sql)
+            statements = parse_sql(parsable)
         except ParseError as exc:
             raise CatalogError(f"catalog query does not parse: {exc}") from None
         if len(statements) != 1:

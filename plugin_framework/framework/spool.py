@@ -28,7 +28,8 @@ class SpoolBudget:
         self.limit = limit
         self.used = 0
         self.directory = directory
-        self.spilled_bytes = 0
+        self.spooled_bytes = 0  # everything appended, in memory or not
+        self.spilled_bytes = 0  # what went to disk
 
 
 class Spool:
@@ -44,6 +45,7 @@ class Spool:
     def append(self, lsn: LSN, xid: int, in_stream: bool, raw: bytes) -> None:
         size = len(raw) + _OVERHEAD
         budget = self._budget
+        budget.spooled_bytes += len(raw)
         if budget.used + size > budget.limit:
             self._spill()
             self._write(lsn, xid, in_stream, raw)
