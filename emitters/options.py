@@ -18,8 +18,9 @@ class OptionError(ValueError):
 
 def parse_bool(text: str) -> bool | None:
     """PostgreSQL's parse_bool: true/false/yes/no/on/off/1/0, case-insensitive, and any
-    unambiguous prefix of them ("t", "of"); None when it is none of these."""
-    value = text.strip().lower()
+    unambiguous prefix of them ("t", "of"); None when it is none of these. Like PostgreSQL it
+    does not trim blanks: " true" is not a boolean."""
+    value = text.lower()
     if not value:
         return None
     if value in ("1", "0"):

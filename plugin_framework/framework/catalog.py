@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pglast import ast, parse_sql
 from pglast.parser import ParseError
 
@@ -31,8 +32,9 @@ class Catalog:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
+            options = conninfo_to_dict(self._conninfo).get("options") or ""
             self._conn = psycopg.connect(
-                self._conninfo, options="-c default_transaction_read_only=on"
+                self._conninfo, options=f"{options} -c default_transaction_read_only=on"
             )
             self._conn.read_only = True
         return self._conn

@@ -123,6 +123,7 @@ class _Txn:
     aborted_subxids: set[int] = field(default_factory=set)
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
     prepare_lsn: LSN | None = None
+    block_lsn: LSN = field(default_factory=LSN)  # where the current stream block started
 
 
 class Pipeline:
@@ -552,9 +553,11 @@ class Pipeline:
         if state is None:
             state = self._unseen_prepared(m.xid, m.gid, LSN(m.rollback_end_lsn - 1))
         self._drop_delivered(state, LSN(m.rollback_end_lsn - 1))
+        # As in C, the rollback's time goes where a commit's would (txn->xact_time).
+        state.base.end_lsn, state.base.commit_time = m.rollback_end_lsn, m.rollback_time
         for i in state.live:
             view = self._view(state, i)
-            view.end_lsn = m.rollback_end_lsn
+            view.end_lsn, view.commit_time = m.rollback_end_lsn, m.rollback_time
             self.members[i].call("rollback_prepared", m.rollback_end_lsn, state.base.xid, view,
                                  m.prepare_end_lsn, m.prepare_time)
         for i in state.streamed_held:
@@ -607,6 +610,7 @@ class Pipeline:
             )
         self._stream = state
         state.in_block = []
+        state.block_lsn = lsn
 
     def _stream_begin_block(self, state: _Txn) -> None:
         """First content of a block: filter by origin once, open the block for streamers."""
@@ -622,8 +626,8 @@ class Pipeline:
         if not state.in_block:
             state.in_block = list(state.live)
             for i in state.live:
-                self.members[i].call("stream_start", state.base.first_lsn or LSN(0),
-                                     state.base.xid, self._view(state, i))
+                self.members[i].call("stream_start", state.block_lsn, state.base.xid,
+                                     self._view(state, i))
             if not state.in_block:
                 state.in_block = [-1]  # the block is open even when nobody streams
 
@@ -634,8 +638,8 @@ class Pipeline:
         if built is not None:
             for i in state.live:
                 member = self.members[i]
-                if member.plugin.has(cb):
-                    member.call(cb, lsn, xid, self._view(state, i), *built)
+                if member.plugin.has(cb):  # records carry the top-level xid, as in C
+                    member.call(cb, lsn, state.base.xid, self._view(state, i), *built)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, xid or 0, True, raw)
 
