@@ -26,7 +26,6 @@ What is allowed to differ, and why (see emitters/text.py and docs/emitters-text.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass

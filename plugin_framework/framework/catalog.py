@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from pglast import ast, parse_sql
 from pglast.parser import ParseError
+from psycopg.conninfo import conninfo_to_dict
 
 _PLACEHOLDER = re.compile(r"%(?:\([^)]*\))?s")
 
