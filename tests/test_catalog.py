@@ -35,6 +35,8 @@ def test_results_are_cached(catalog_db: Any) -> None:
     catalog_db.execute("INSERT INTO t VALUES (1, 'a')")
     assert catalog.query("SELECT count(*) FROM t") == first == [(0,)]
     assert catalog.query("SELECT count(*) FROM t WHERE id > %s", (0,)) == [(1,)]
+    catalog.invalidate()
+    assert catalog.query("SELECT count(*) FROM t") == [(1,)]
     catalog.close()
 
 

@@ -66,6 +66,11 @@ class Catalog:
             self._cache[key] = rows
         return rows
 
+    def invalidate(self) -> None:
+        """Forget cached answers. The pipeline calls it whenever the server describes a
+        relation anew (a Relation message follows DDL), so answers stay current."""
+        self._cache.clear()
+
     def type_name(self, type_oid: int, typmod: int = -1) -> str:
         return str(self.query("SELECT format_type(%s, %s)", (type_oid, typmod))[0][0])
 

@@ -424,6 +424,8 @@ class Pipeline:
             view.origin, view.origin_lsn = m.name, m.origin_lsn
 
     def _on_relation(self, m: RelationMessage, lsn: LSN, raw: bytes | None) -> None:
+        if self.catalog is not None:
+            self.catalog.invalidate()
         rel = Relation.from_message(m, self.type_names)
         stream = self._stream
         if stream is not None:
