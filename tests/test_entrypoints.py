@@ -81,3 +81,26 @@ def test_driven_end_to_end_from_a_slot_and_a_capture(site: Path, db: Any,
     assert inserts == facts.counts["bulk"]  # committed rows only: the aborts never arrive
     hooks = pgdecode(site, "replay", str(capture), "--emitter", "sample-hooks").stdout
     assert hooks.splitlines()[:2] == [f"begin {facts.xids['insert']}", "items INSERT"]
+
+
+def test_an_emitter_that_cannot_import_is_reported_not_raised(tmp_path: Path) -> None:
+    pkg = tmp_path / "broken"
+    (pkg / "broken_emitter").mkdir(parents=True)
+    (pkg / "broken_emitter" / "__init__.py").write_text("import no_such_module_here\n")
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "broken-emitter"\nversion = "0.1"\n'
+        '[project.entry-points."pgdecode.emitters"]\nbroken = "broken_emitter:Plugin"\n'
+        "[tool.setuptools]\npackages = [\"broken_emitter\"]\n")
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(target), str(pkg)], check=True, capture_output=True, timeout=600)
+    listed = pgdecode(target, "emitters").stdout
+    assert "(cannot load:" in next(line for line in listed.splitlines()
+                                   if line.startswith("broken "))
+    result = pgdecode(target, "replay", str(tmp_path / "x.cap"), "--emitter", "broken",
+                      check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert 'emitter "broken" (from broken-emitter 0.1) is installed but cannot be loaded' \
+        in result.stderr
+    assert "No module named 'no_such_module_here'" in result.stderr

@@ -72,6 +72,15 @@ def load_emitter(name: str, allow: Collection[str] | None = None) -> LoadedPlugi
             f'no emitter named "{name}" is installed (installed: {known}); emitters are '
             f'entry points in the "{GROUP}" group'
         )
-    target = ep.load()
-    plugin = target() if isinstance(target, type) and issubclass(target, OutputPlugin) else target
+    try:
+        target = ep.load()
+        is_class = isinstance(target, type) and issubclass(target, OutputPlugin)
+        plugin = target() if is_class else target
+    except Exception as exc:
+        dist = f" (from {ep.dist.name} {ep.dist.version})" if ep.dist else ""
+        raise EmitterNotFound(
+            f'emitter "{name}"{dist} is installed but cannot be loaded from {ep.value}: '
+            f"{type(exc).__name__}: {exc}; reinstall it, or check that its dependencies are "
+            "installed"
+        ) from exc
     return LoadedPlugin(plugin, name)
