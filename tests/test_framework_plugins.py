@@ -142,3 +142,20 @@ def test_writes_outside_callbacks_are_refused() -> None:
     ctx = pipeline.add(Minimal(), output=MemoryOutput())
     with pytest.raises(OutputError, match="outside of a callback"):
         ctx.prepare_write()
+
+
+class Emitter(Minimal):
+    def begin(self, ctx: Any, txn: Any) -> None:
+        ctx.emit(ctx.output_plugin_options["data"].encode("latin-1"))
+
+
+def test_emit_checks_bytes_in_textual_mode_like_write() -> None:
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(Emitter(), output=MemoryOutput(), options={"data": "\xff"})
+    with pytest.raises(Exception, match="invalid UTF-8 at byte 0 in textual mode"):
+        _one_transaction(pipeline)
+    out = MemoryOutput()
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(Emitter(), output=out, options={"data": "ok"})
+    _one_transaction(pipeline)
+    assert [r.data for r in out.records] == [b"ok"]

@@ -84,6 +84,9 @@ def run_workload(conn: psycopg.Connection[Any], *, prepared: bool = True,
     """
     facts = Facts()
     ex = conn.execute
+    # The SQL decoding functions read only flushed WAL; the test clusters commit
+    # asynchronously, so commit synchronously here to have every transaction decodable.
+    ex("SET synchronous_commit = on")
     for name in ("items", "parent", "child", "fulltab", "moods", "bulk"):
         facts.oids[name] = int(ex("SELECT %s::regclass::oid", (name,)).fetchone()[0])  # type: ignore[index]
     facts.oids["mood"] = int(ex("SELECT 'mood'::regtype::oid").fetchone()[0])  # type: ignore[index]

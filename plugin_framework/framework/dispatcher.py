@@ -365,7 +365,8 @@ class Pipeline:
 
     def _on_begin_prepare(self, m: BeginPrepare, lsn: LSN, raw: bytes | None) -> None:
         self._open(Transaction(m.xid, final_lsn=m.prepare_lsn, end_lsn=m.end_lsn, gid=m.gid,
-                               prepare_time=m.prepare_time, is_prepared=True, first_lsn=lsn))
+                               prepare_time=m.prepare_time, prepare_lsn=m.prepare_lsn,
+                               is_prepared=True, first_lsn=lsn))
 
     def _open(self, txn: Transaction) -> None:
         if self._txn is not None:
@@ -706,11 +707,10 @@ class Pipeline:
             self._close(state)
             return
         base = state.base
-        base.final_lsn, base.end_lsn, base.gid = m.prepare_lsn, m.end_lsn, m.gid
-        base.prepare_time, base.is_prepared = m.prepare_time, True
-        for view in state.views.values():
+        for view in (base, *state.views.values()):
             view.final_lsn, view.end_lsn, view.gid = m.prepare_lsn, m.end_lsn, m.gid
-            view.prepare_time, view.is_prepared = m.prepare_time, True
+            view.prepare_time, view.prepare_lsn, view.is_prepared = (m.prepare_time,
+                                                                     m.prepare_lsn, True)
         state.prepare_lsn = m.prepare_lsn
         streamers, state.live = state.live, []
         for i in streamers:

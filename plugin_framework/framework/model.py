@@ -48,6 +48,7 @@ class Transaction:
     origin_lsn: LSN | None = None
     gid: str | None = None
     prepare_time: datetime | None = None
+    prepare_lsn: LSN | None = None  # for a transaction that went through PREPARE
     toptxn: Transaction | None = None
     first_lsn: LSN | None = None  # where the transaction's first message came from
     is_streamed: bool = False
