@@ -6,7 +6,7 @@ import contextlib
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import control, transactional
 
@@ -17,6 +17,7 @@ from plugin_framework.protocol import (
     Insert,
     InvalidFieldError,
     ProtocolError,
+    StreamAbort,
     StreamStart,
     StreamStop,
     TruncatedMessageError,
@@ -89,6 +90,10 @@ def test_truncations_raise_protocol_errors(version_and_message: tuple[int, objec
     version, message = version_and_message
     full = encode(message)  # type: ignore[arg-type]
     cut = data.draw(st.integers(0, len(full) - 1))
+    # The one prefix that is itself a whole message: a protocol 4 Stream Abort without its
+    # optional abort LSN and time.
+    assume(not (isinstance(message, StreamAbort) and message.abort_lsn is not None
+                and cut == 9))
     with pytest.raises(ProtocolError):
         Decoder(version).decode(full[:cut])
 
