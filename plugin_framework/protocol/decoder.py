@@ -397,9 +397,9 @@ class Decoder:
 def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     """Parse TupleData at ``pos``; return it and the offset just past it.
 
-    The hot path. Per column: one length unpack and one slice, no call out of the loop. Most
-    rows are text in every column, so a first loop reads text columns without recording their
-    kinds; at the first other kind, the general loop takes over from that column.
+    The hot path: per column, one length unpack and one slice, no other call. Most rows are text
+    in every column, so a first loop reads text columns without recording their kinds one by
+    one; from the first column of another kind, the general loop takes over.
     """
     size = len(data)
     if size < pos + 2:
@@ -410,19 +410,19 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     unpack_len = _U32.unpack_from
     i = 0
     try:
-        for i in range(ncols):
-            if data[pos] != KIND_TEXT:
-                break
+        while i < ncols and data[pos] == KIND_TEXT:
             start = pos + 5
             pos = start + unpack_len(data, pos + 1)[0]
             if pos > size:
                 raise _truncated(data, f"value of column {i} ({pos - start} bytes)")
             values[i] = data[start:pos]
-        else:
+            i += 1
+        if i == ncols:
             return _make_tuple_data(b"t" * ncols, tuple(values)), pos
 
+        first_other = i
         kinds = bytearray(b"t") * ncols
-        for i in range(i, ncols):
+        for i in range(first_other, ncols):
             kind = kinds[i] = data[pos]
             if kind == KIND_NULL or kind == KIND_UNCHANGED_TOAST:
                 pos += 1
@@ -444,9 +444,9 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
 
 
 # A frozen dataclass's generated __init__ stores each field with object.__setattr__, which costs
-# more than parsing a short row. The hot path builds TupleData and the change messages by setting
-# their slots directly instead: the same objects, built in about half the time. Every field is
-# set; none of these classes has a __post_init__ or a default_factory to miss.
+# about as much as parsing a short row. The hot path builds TupleData and the change messages by
+# setting their slots directly instead: the same objects, built in well under the time. Every
+# field is set; these classes have no __post_init__ to miss (messages.py says so).
 _new = object.__new__
 _TD_KINDS, _TD_VALUES = (TupleData.__dict__[f].__set__ for f in ("kinds", "values"))
 _INS_RELID, _INS_NEW, _INS_XID = (Insert.__dict__[f].__set__ for f in ("relation_id", "new", "xid"))

@@ -47,6 +47,9 @@ class _UnchangedToast:
 
 UNCHANGED_TOAST: Final = _UnchangedToast()
 
+# The decoder builds TupleData, Insert, Update and Delete without calling their __init__ (it
+# sets their slots directly, for speed): give them no __post_init__.
+
 
 @dataclass(frozen=True, slots=True)
 class TupleData:
@@ -65,8 +68,15 @@ class TupleData:
 
     def decoded(self) -> list[str | bytes | _UnchangedToast | None]:
         """Every column: str for text, bytes for binary, None for null, UNCHANGED_TOAST."""
-        if not self.kinds.strip(b"tn"):  # only text and null columns: the usual row
-            return [None if v is None else v.decode() for v in self.values]
+        kinds, values = self.kinds, self.values
+        if len(kinds) == len(values):  # (else the general case raises ValueError)
+            # The usual rows, faster and with the general case's results: text columns only;
+            # text and null columns.
+            if not kinds.strip(b"t"):
+                return [None if v is None else v.decode() for v in values]
+            if not kinds.strip(b"tn"):
+                return [v if k == KIND_NULL or v is None else v.decode()
+                        for k, v in zip(kinds, values, strict=True)]
         return [
             v.decode() if k == KIND_TEXT and v is not None
             else UNCHANGED_TOAST if k == KIND_UNCHANGED_TOAST else v
