@@ -214,12 +214,18 @@ def run_source(source: Any, args: argparse.Namespace) -> None:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
+    from plugin_framework.framework.rowfilter import from_cli_args
     from plugin_framework.sources.sql import SqlSource
     from plugin_framework.sources.walsender import WalsenderSource
 
     setup_logging(args)
     config = source_config(args)
     pipeline = build_pipeline(args, config.slot, config.conninfo)
+    # Filters are checked against the catalog now: before anything is streamed or acked.
+    filters = from_cli_args(args, config.conninfo)
+    if filters is not None:
+        pipeline.change_filter = filters.as_change_filter()
+        pipeline.truncate_filter = filters.truncate_filter
     source: Any
     if args.source == "sql":
         source = SqlSource(config, pipeline)
@@ -229,6 +235,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         run_source(source, args)
     finally:
         pipeline.shutdown()
+        if filters is not None:
+            filters.close()
     return 0
 
 
@@ -378,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     connection_args(p)
     source_args(p)
     emitter_args(p, "json")
+    from plugin_framework.framework.rowfilter import add_cli_arguments
+
+    add_cli_arguments(p)
     p.set_defaults(func=cmd_stream)
 
     p = sub.add_parser("capture", help="record a slot's raw stream for `pgdecode replay`")
@@ -443,13 +454,14 @@ def _is_user_facing(exc: Exception) -> bool:
         PluginLoadError,
     )
     from plugin_framework.framework.registry import EmitterNotFound
+    from plugin_framework.framework.rowfilter import RowFilterError
     from plugin_framework.protocol import ProtocolError
     from plugin_framework.sources.capture import CaptureFormatError
     from plugin_framework.sources.errors import SourceError
 
     user_facing: tuple[type[Exception], ...] = (
         CallbackError, OutputError, PipelineError, PluginLoadError, EmitterNotFound,
-        ProtocolError, CaptureFormatError, SourceError, OSError)
+        ProtocolError, CaptureFormatError, SourceError, RowFilterError, OSError)
     return isinstance(exc, user_facing)
 
 

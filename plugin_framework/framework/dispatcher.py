@@ -154,6 +154,10 @@ class Pipeline:
         # one (an UPDATE that becomes an INSERT or DELETE), or None to drop it. Row filters
         # and column lists are built on it. TRUNCATE is never filtered.
         self.change_filter: Callable[[Change], Change | None] | None = None
+        # TRUNCATE is never filtered by row, but a publication's publish options and its
+        # tables decide which relations of a TRUNCATE are delivered: the relations left, or
+        # none (then no truncate callback runs).
+        self.truncate_filter: Callable[[list[Relation]], list[Relation]] | None = None
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
         self._handlers: dict[type, Callable[[Any, LSN, bytes | None], None]] = {
@@ -461,8 +465,14 @@ class Pipeline:
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 
-    def _truncate_args(self, m: Truncate, lsn: LSN, state: _Txn | None) -> tuple[Any, ...]:
+    def _truncate_args(self, m: Truncate, lsn: LSN,
+                       state: _Txn | None) -> tuple[Any, ...] | None:
+        """(relations, TruncateChange), after ``truncate_filter`` (None: nothing left)."""
         rels = [self._relation(r, state) for r in m.relation_ids]
+        if self.truncate_filter is not None:
+            rels = self.truncate_filter(rels)
+            if not rels:
+                return None
         return rels, TruncateChange(m.cascade, m.restart_identity, lsn, m.xid)
 
     def _on_truncate(self, m: Truncate, lsn: LSN, raw: bytes | None) -> None:
@@ -473,10 +483,11 @@ class Pipeline:
             return
         state = self._current("truncate")
         args = self._truncate_args(m, lsn, state)
-        for i in state.live:
-            member = self.members[i]
-            if member.plugin.has("truncate"):
-                member.call("truncate", lsn, state.base.xid, self._view(state, i), *args)
+        if args is not None:
+            for i in state.live:
+                member = self.members[i]
+                if member.plugin.has("truncate"):
+                    member.call("truncate", lsn, state.base.xid, self._view(state, i), *args)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 
@@ -783,7 +794,10 @@ class Pipeline:
                 return
             cb, args = "change", (change.relation, change)
         elif isinstance(msg, Truncate):
-            cb, args = "truncate", self._truncate_args(msg, lsn, overlay)
+            truncated = self._truncate_args(msg, lsn, overlay)
+            if truncated is None:
+                return
+            cb, args = "truncate", truncated
         elif isinstance(msg, LogicalMessage):
             cb, args = "message", (msg.lsn, msg.transactional, msg.prefix, msg.content)
         else:

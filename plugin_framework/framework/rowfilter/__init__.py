@@ -1,0 +1,43 @@
+"""Row filters and column lists, as PostgreSQL publications apply them, for any pipeline.
+
+    >>> filters = PublicationFilters.from_publication(conninfo, "p1")
+    >>> pipeline.change_filter = filters.as_change_filter()
+
+or written by hand::
+
+    >>> filters = PublicationFilters.from_spec(
+    ...     conninfo, {"public.t1": "a > 5 AND c = 'NSW'"}, {"public.t1": ["a", "c"]})
+
+Filters are parsed with PostgreSQL's grammar (pglast), resolved and checked against the
+server's catalog the way CREATE PUBLICATION does (same rules, same messages), compiled into
+Python closures and evaluated on the column values with PostgreSQL's semantics. Never eval.
+See docs/row-filters.md.
+"""
+
+from __future__ import annotations
+
+from plugin_framework.framework.rowfilter.config import (
+    FilterConfig,
+    add_cli_arguments,
+    config_from_args,
+    from_cli_args,
+    parse_config,
+    read_config,
+)
+from plugin_framework.framework.rowfilter.errors import (
+    EvaluationError,
+    NotSupportedError,
+    RowFilterError,
+)
+from plugin_framework.framework.rowfilter.publication import (
+    PublicationFilters,
+    PublicationSpec,
+    TableRule,
+    load_publication,
+)
+
+__all__ = [
+    "EvaluationError", "FilterConfig", "NotSupportedError", "PublicationFilters",
+    "PublicationSpec", "RowFilterError", "TableRule", "add_cli_arguments", "config_from_args",
+    "from_cli_args", "load_publication", "parse_config", "read_config",
+]
