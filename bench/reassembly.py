@@ -109,7 +109,7 @@ def main() -> None:
               f"({plugin.value_bytes / 1024 / 1024:,.0f} MB of values) in {elapsed:.1f} s")
         print(f"{'':24}{'MB':>10}")
         print(f"{'transaction (spooled)':24}{sent:>10,.0f}")
-        print(f"{'  of which on disk':24}{spilled:>10,.0f}")
+        print(f"{'  spilled to disk':24}{spilled:>10,.0f}  (with 17-byte entry headers)")
         print(f"{'RSS before streaming':24}{before:>10,.0f}")
         print(f"{'peak RSS':24}{peak:>10,.0f}")
         print(f"{'peak - before':24}{peak - before:>10,.0f}")
