@@ -72,6 +72,7 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from emitters.options import Option, parse_bool, parse_options
+from emitters.pgformat import timestamptz_to_str
 from plugin_framework import (
     LSN,
     Action,
@@ -136,27 +137,6 @@ def quote_literal(text: str) -> str:
     backslash."""
     quoted = "'" + text.replace("'", "''").replace("\\", "\\\\") + "'"
     return "E" + quoted if "\\" in text else quoted
-
-
-def timestamptz_to_str(moment: datetime, zone: tzinfo) -> str:
-    """timestamptz_to_str: ISO style in ``zone``, the fraction without trailing zeros, the
-    offset as +HH[:MM[:SS]]."""
-    local = moment.astimezone(zone)
-    text = (f"{local.year:04d}-{local.month:02d}-{local.day:02d} "
-            f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}")
-    if local.microsecond:
-        text += "." + f"{local.microsecond:06d}".rstrip("0")
-    offset = local.utcoffset()
-    seconds = int(offset.total_seconds()) if offset is not None else 0
-    sign = "-" if seconds < 0 else "+"
-    minutes, secs = divmod(abs(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    text += f"{sign}{hours:02d}"
-    if secs:
-        text += f":{minutes:02d}:{secs:02d}"
-    elif minutes:
-        text += f":{minutes:02d}"
-    return text
 
 
 # --- relations ----------------------------------------------------------------------------------

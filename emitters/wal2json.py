@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, tzinfo
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 import orjson
 
 from emitters.options import Option, OptionError, parse_bool, parse_options
+from emitters.pgformat import timestamptz_to_str
 from plugin_framework import LSN, Action, OutputPlugin
 from plugin_framework.framework.context import LogicalDecodingContext, OutputType
 from plugin_framework.framework.format_type import _TYPNAMES, format_type_sql
@@ -319,27 +320,6 @@ def _json_type(type_str: str, arrays_escaped: bool = True) -> bytes:
     if type_str[:1] == '"' and (not arrays_escaped or type_str[-1:] != "]"):
         return type_str.encode()
     return escape_json(type_str)
-
-
-def timestamptz_to_str(moment: datetime, zone: tzinfo) -> str:
-    """PostgreSQL's timestamptz_to_str (ISO style) in the session time zone ``zone``."""
-    t = moment.astimezone(zone)
-    text = (f"{t.year:04d}-{t.month:02d}-{t.day:02d} "
-            f"{t.hour:02d}:{t.minute:02d}:{t.second:02d}")
-    if t.microsecond:
-        text += "." + f"{t.microsecond:06d}".rstrip("0")
-    offset = t.utcoffset()
-    seconds = int(offset.total_seconds()) if offset is not None else 0
-    sign = "+" if seconds >= 0 else "-"
-    seconds = abs(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    text += f"{sign}{hours:02d}"
-    if minutes or secs:
-        text += f":{minutes:02d}"
-    if secs:
-        text += f":{secs:02d}"
-    return text
 
 
 # --- what the catalog knows about a table ------------------------------------------------------

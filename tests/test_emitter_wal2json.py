@@ -23,12 +23,12 @@ from capture import Captured, peek, pgoutput_options
 from parity_workload import ParitySlots, has_wal2json, run_parity_workload, setup_parity
 
 from emitters.options import OptionError
+from emitters.pgformat import timestamptz_to_str
 from emitters.wal2json import (
     ALL_TABLES,
     SelectTable,
     Wal2JsonEmitter,
     read_options,
-    timestamptz_to_str,
 )
 from plugin_framework import CallbackError, MemoryOutput, Pipeline
 from plugin_framework.framework import Catalog
