@@ -117,6 +117,9 @@ def source_config(args: argparse.Namespace) -> Any:
         raise UsageError("a slot is required: -S SLOT")
     if not args.publication:
         raise UsageError("at least one --publication is required")
+    if args.two_phase and not args.create_slot:
+        raise UsageError("--two-phase may only be specified with --create-slot (two-phase "
+                         "decoding is a property of the slot, set when it is created)")
     try:
         endpos = LSN(args.endpos) if args.endpos else None
     except ValueError as exc:
@@ -246,12 +249,22 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from plugin_framework.framework import Pipeline
     from plugin_framework.protocol import encode_copy_data
     from plugin_framework.sources.capture import CaptureHeader, CaptureWriter
+    from plugin_framework.sources.errors import ConnectionLost, SourceError
     from plugin_framework.sources.walsender import WalsenderSource
 
     setup_logging(args)
     if args.file_out == "-":
         raise UsageError("capture writes a binary file: give it with -f FILE")
+    if args.source != "walsender":
+        raise UsageError("capture records the replication stream: --source sql cannot be "
+                         "captured")
     config = source_config(args)
+    # A capture is one session's stream: after a reconnect the server sends again what was
+    # not acknowledged, and a replay would see it twice, the first time cut short.
+    config.reconnect = False
+    if os.path.exists(args.file_out) and os.path.getsize(args.file_out) > 0:
+        raise UsageError(f"{args.file_out} exists: a capture is never overwritten (the slot "
+                         "has moved past what it holds); give another file")
     pipeline = Pipeline()
     writer: CaptureWriter | None = None
     source: WalsenderSource
@@ -274,6 +287,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     source = WalsenderSource(config, pipeline, tap=tap, before_status=sync)
     try:
         run_source(source, args)
+    except ConnectionLost as exc:
+        raise SourceError(
+            f"{exc}. {args.file_out} holds what the slot was told is done: start a new "
+            "capture, to another file, to go on from there") from None
     finally:
         if writer is not None:
             sync()
@@ -284,7 +301,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 def cmd_slot(args: argparse.Namespace) -> int:
     import psycopg
 
-    from plugin_framework.sources.errors import explain
+    from plugin_framework.sources.errors import SourceError, explain
     from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
 
     try:
@@ -311,6 +328,12 @@ def cmd_slot(args: argparse.Namespace) -> int:
             else:
                 dropped = drop_slot(conn, args.slot, if_exists=args.if_exists)
                 print(f"{args.slot} {'dropped' if dropped else 'did not exist'}")
+    except psycopg.errors.DuplicateObject:
+        raise SourceError(f'replication slot "{args.slot}" already exists: drop it first, or '
+                          "pass --if-not-exists to accept an existing slot") from None
+    except psycopg.errors.UndefinedObject:
+        raise SourceError(f'replication slot "{args.slot}" does not exist (pass --if-exists '
+                          "to accept that)") from None
     except psycopg.Error as exc:
         raise explain(exc, args.dbname or "", args.slot) from None
     except ValueError as exc:
@@ -433,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
-        print(f"pgdecode: {exc}", file=sys.stderr)
+        _report(args, f"{exc}", usage=True)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -441,9 +464,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:
         if _is_user_facing(exc):
-            print(f"pgdecode: error: {exc}", file=sys.stderr)
+            _report(args, f"{exc}")
             return 1
         raise
+
+
+def _report(args: argparse.Namespace, message: str, usage: bool = False) -> None:
+    """The error that ends the command: a JSON line with --log-format json."""
+    if getattr(args, "log_format", "text") == "json":
+        record = logging.LogRecord("pgdecode", logging.ERROR, __file__, 0, message, None, None)
+        print(JsonLogFormatter().format(record), file=sys.stderr)
+    else:
+        print(f"pgdecode: {'' if usage else 'error: '}{message}", file=sys.stderr)
 
 
 def _is_user_facing(exc: Exception) -> bool:

@@ -117,6 +117,9 @@ class _Txn:
     held: list[int] = field(default_factory=list)  # members waiting for a replay from spool
     streamed_held: list[int] = field(default_factory=list)  # got stream blocks, await outcome
     skipped: list[int] = field(default_factory=list)  # filtered by origin
+    # two-phase members whose output already holds this PREPARE (the server re-sent it
+    # after a restart): they skip it, and get only its COMMIT/ROLLBACK PREPARED
+    outcome_only: list[int] = field(default_factory=list)
     spool: Spool | None = None
     started: bool = False
     relations: dict[int, Relation] = field(default_factory=dict)  # in-stream descriptions
@@ -406,6 +409,8 @@ class Pipeline:
             elif m.ctx.twophase and not self._filters_prepare(m, base):
                 if resent or self._delivered(i, base.final_lsn):
                     state.skipped.append(i)
+                    if not resent:
+                        state.outcome_only.append(i)
                     continue
                 state.live.append(i)
                 m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
@@ -539,6 +544,7 @@ class Pipeline:
             return
         self._prepared[m.gid] = state
         self._mark([*state.live, *state.skipped], m.end_lsn)
+        state.live += state.outcome_only  # from now on, they wait for the outcome too
 
     def _on_commit_prepared(self, m: CommitPrepared, lsn: LSN, raw: bytes | None) -> None:
         state = self._prepared.pop(m.gid, None)
@@ -729,6 +735,7 @@ class Pipeline:
             if member.ctx.twophase and not self._filters_prepare(member, base):
                 if self._delivered(i, m.prepare_lsn):  # re-sent: undo the re-stream
                     member.call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+                    state.outcome_only.append(i)
                     continue
                 state.live.append(i)
                 member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
@@ -742,11 +749,14 @@ class Pipeline:
             if member.ctx.twophase and not self._filters_prepare(member, base):
                 if not self._delivered(i, m.prepare_lsn):
                     two_phase.append(i)
+                else:
+                    state.outcome_only.append(i)
             else:
                 state.held.append(i)
         if two_phase:
             self._replay(state, two_phase, base, m.prepare_lsn, prepared=True)
             state.live += two_phase
+        state.live += state.outcome_only
         self.relations.update(state.relations)
         if not state.held:
             self._close(state)

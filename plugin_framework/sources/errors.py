@@ -33,12 +33,66 @@ def describe_conninfo(conninfo: str) -> str:
     return " ".join(shown) or "(PG* environment defaults)"
 
 
+def _user(conninfo: str) -> str:
+    """The role a conninfo connects as, for advice (a placeholder when it is not given)."""
+    try:
+        user = conninfo_to_dict(conninfo).get("user")
+    except psycopg.ProgrammingError:
+        user = None
+    return str(user) if user else "name"
+
+
 def _redact(text: str, conninfo: str) -> str:
     try:
         password = conninfo_to_dict(conninfo).get("password")
     except psycopg.ProgrammingError:
         return text
     return text.replace(str(password), "********") if password else text
+
+
+def _advise(message: str, advice: str) -> str:
+    """The server's message, then what to do about it."""
+    return f"{message.rstrip().rstrip('.')}. {advice}"
+
+
+# Connection failures no retry can fix: (words of the server's or libpq's message, advice).
+_FATAL_AT_CONNECT = (
+    (("permission denied to start wal sender", "must be superuser or replication role"),
+     "The role needs the REPLICATION attribute (ALTER ROLE {user} REPLICATION) or "
+     "superuser."),
+    (("password authentication failed", "authentication failed", "no password supplied"),
+     "Check the user name and the password (PGPASSWORD, ~/.pgpass, or password= in -d)."),
+    (("no pg_hba.conf entry", "pg_hba.conf rejects"),
+     "Add a pg_hba.conf line that lets this user connect to this database from this host, "
+     "and reload the server."),
+    (("does not exist",),
+     "Check the database and user names in -d."),
+    (("invalid connection option", "for connection option", "invalid integer value"),
+     "Check the connection string given with -d."),
+)
+
+# libpq's words for a connection that could not be made (rather than one that broke).
+_CANNOT_CONNECT = ("connection failed", "could not connect", "connection refused",
+                   "could not translate host name", "timeout expired", "no route to host",
+                   "network is unreachable", "no such file or directory")
+
+
+# Why PostgreSQL invalidates a slot (pg_replication_slots.invalidation_reason, 17+), and how
+# to prevent it.
+_INVALIDATION_CAUSES = {
+    "wal_removed": "raise max_slot_wal_keep_size, or keep the consumer running",
+    "rows_removed": "on a standby, use a physical slot with hot_standby_feedback = on",
+    "wal_level_insufficient": "keep wal_level = logical on the primary",
+    "idle_timeout": "raise idle_replication_slot_timeout, or keep the consumer running",
+}
+
+
+def invalidated_advice(slot: str, reason: str | None) -> str:
+    """What to do about an invalidated slot (``reason``: its invalidation_reason, if known)."""
+    prevent = _INVALIDATION_CAUSES.get(reason or "wal_removed",
+                                       "see pg_replication_slots.invalidation_reason")
+    return (f"drop it (`pgdecode slot drop -S {slot}`), create a new one, and re-copy the "
+            f"tables; the changes in between are lost. To prevent this, {prevent}.")
 
 
 def explain(exc: BaseException, conninfo: str, slot: str | None = None,
@@ -51,45 +105,41 @@ def explain(exc: BaseException, conninfo: str, slot: str | None = None,
     if sqlstate and sqlstate[:2] in _TRANSIENT_CLASSES:
         return ConnectionLost(f"connection to {where} lost: {message}")
     if isinstance(exc, psycopg.OperationalError | ReplicationError) and sqlstate is None:
-        if "connection" in lower and ("failed" in lower or "refused" in lower
-                                      or "could not" in lower or "timeout" in lower):
+        for words, advice in _FATAL_AT_CONNECT:
+            if any(w in lower for w in words):
+                advice = advice.format(user=_user(conninfo))
+                return SourceError(f"cannot connect to {where}: {_advise(message, advice)}")
+        if lower.startswith(_CANNOT_CONNECT):
             return ConnectionLost(f"cannot connect to {where}: {message}")
         return ConnectionLost(f"connection to {where} lost: {message}")
     if "wal_level" in lower:
-        return SourceError(
-            f"{message}. Logical decoding needs wal_level = logical on the server: run "
-            "ALTER SYSTEM SET wal_level = logical; and restart the server."
-        )
+        return SourceError(_advise(
+            message, "Logical decoding needs wal_level = logical on the server: run "
+            "ALTER SYSTEM SET wal_level = logical; and restart the server."))
     if sqlstate == "42704" and slot and "replication slot" in lower:
-        return SourceError(
-            f'{message}. Create it with `pgdecode slot create -d ... -S {slot}`, or pass '
-            "--create-slot."
-        )
+        return SourceError(_advise(
+            message, f"Create it with `pgdecode slot create -d ... -S {slot}`, or pass "
+            "--create-slot."))
     if sqlstate == "42704" and "publication" in lower:
-        return SourceError(
-            f"{message}. Create it on the source database (CREATE PUBLICATION name FOR ALL "
-            "TABLES, or FOR TABLE ...), or pass the name of an existing one with --publication."
-        )
+        return SourceError(_advise(
+            message, "Create it on the source database (CREATE PUBLICATION name FOR ALL "
+            "TABLES, or FOR TABLE ...), or pass the name of an existing one with --publication."))
     if sqlstate == "55006" or "is active for pid" in lower:
-        return SourceError(
-            f"{message}. Another consumer is reading this slot: stop it, or use another slot "
-            "(each consumer needs its own)."
-        )
-    if "can no longer get changes" in lower or "invalidated" in lower:
-        return SourceError(
-            f"{message}. The slot was invalidated and cannot be used again: drop it "
-            f"(`pgdecode slot drop -S {slot}`), create a new one, and re-copy the tables; the "
-            "changes in between are lost (raise max_slot_wal_keep_size to prevent this)."
-        )
+        return SourceError(_advise(
+            message, "Another consumer is reading this slot: stop it, or use another slot "
+            "(each consumer needs its own)."))
+    if "can no longer" in lower or "invalidated" in lower:
+        reason = next((r for r in _INVALIDATION_CAUSES if r in lower), None)
+        return SourceError(_advise(
+            message, "The slot was invalidated and cannot be used again: "
+            + invalidated_advice(slot or "SLOT", reason)))
     if sqlstate == "42501" or "permission denied" in lower or "must be superuser" in lower:
-        return SourceError(
-            f"{message}. The role needs the REPLICATION attribute (ALTER ROLE name "
-            "REPLICATION) or superuser, and pg_hba.conf must allow it."
-        )
+        return SourceError(_advise(
+            message, f"The role needs the REPLICATION attribute (ALTER ROLE {_user(conninfo)} "
+            "REPLICATION) or superuser, and pg_hba.conf must allow it."))
     if "proto_version" in lower or "protocol version" in lower:
         hint = f" (asked for {proto_version})" if proto_version else ""
-        return SourceError(
-            f"{message}{hint}. Ask for a version the server supports with --proto-version "
-            "(PostgreSQL 14: 2, 15: 3, 16 and later: 4), or leave it out to negotiate."
-        )
+        return SourceError(_advise(
+            message + hint, "Ask for a version the server supports with --proto-version "
+            "(PostgreSQL 14: 2, 15: 3, 16 and later: 4), or leave it out to negotiate."))
     return SourceError(f"{where}: {message}")

@@ -7,6 +7,7 @@ meaning to ``plugin_framework.protocol``. Reads never block for longer than aske
 from __future__ import annotations
 
 import select
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -96,6 +97,37 @@ class ReplicationStream:
             raise ReplicationError(
                 f"could not send a standby status update: {pgconn.get_error_message()}"
             )
+
+    def end(self, timeout: float = 10.0) -> None:
+        """End streaming cleanly, as pg_recvlogical does: send CopyDone, then drain what the
+        server still sends until it ends the COPY too. The walsender processes every status
+        update sent before the CopyDone, so the last acknowledgement is not lost to a
+        connection closed while the server was writing. Gives up after ``timeout`` s."""
+        if not self._streaming:
+            return
+        self._streaming = False
+        pgconn = self.conn.pgconn
+        if pgconn.put_copy_end() != 1 or pgconn.flush() < 0:
+            raise ReplicationError(f"could not end the stream: {pgconn.get_error_message()}")
+        deadline = time.monotonic() + timeout
+        while True:
+            nbytes, _ = pgconn.get_copy_data(1)
+            if nbytes < 0:
+                break
+            if nbytes > 0:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReplicationError("the server did not end the stream in time")
+            ready, _, _ = select.select([pgconn.socket], [], [], left)
+            if ready:
+                pgconn.consume_input()
+        error = None
+        while (result := pgconn.get_result()) is not None:
+            if result.status == pq.ExecStatus.FATAL_ERROR and error is None:
+                error = (result.error_message or b"").decode(errors="replace").strip()
+        if error:
+            raise ReplicationError(error)
 
     def _raise_copy_end(self) -> None:
         pgconn = self.conn.pgconn

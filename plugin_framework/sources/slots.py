@@ -45,8 +45,10 @@ def list_slots(conn: psycopg.Connection[Any], name: str | None = None) -> list[S
 
 
 def create_slot(conn: psycopg.Connection[Any], name: str, *, two_phase: bool = False,
-                failover: bool = False, if_not_exists: bool = False) -> tuple[SlotInfo, bool]:
-    """Create a persistent pgoutput slot; returns it and whether it was created now."""
+                failover: bool = False, temporary: bool = False,
+                if_not_exists: bool = False) -> tuple[SlotInfo, bool]:
+    """Create a pgoutput slot; returns it and whether it was created now. A temporary slot
+    lasts as long as ``conn``'s session."""
     existing = list_slots(conn, name)
     if existing:
         if if_not_exists:
@@ -55,11 +57,11 @@ def create_slot(conn: psycopg.Connection[Any], name: str, *, two_phase: bool = F
     if failover and conn.info.server_version < 170000:
         raise ValueError("failover slots need PostgreSQL 17 or later")
     if conn.info.server_version >= 170000:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s, %s)",
-                     (name, two_phase, failover))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', %s, %s, %s)",
+                     (name, temporary, two_phase, failover))
     else:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
-                     (name, two_phase))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', %s, %s)",
+                     (name, temporary, two_phase))
     return list_slots(conn, name)[0], True
 
 

@@ -23,8 +23,11 @@ from plugin_framework.sources.slots import create_slot, list_slots
 from plugin_framework.sources.walsender import (
     Progress,
     SourceConfig,
-    highest_proto_version,
+    check_proto_version,
+    missing_publication,
+    missing_publication_error,
     pgoutput_options,
+    wal_level_error,
 )
 
 log = logging.getLogger("pgdecode.source")
@@ -71,23 +74,36 @@ class SqlSource:
         cfg = self.config
         level = conn.execute("SHOW wal_level").fetchone()
         if level is None or level[0] != "logical":
+            raise wal_level_error(level[0] if level else "?")
+        missing = missing_publication(conn, cfg.publications)
+        if missing is not None:
+            raise missing_publication_error(missing, conn.info.dbname)
+        if cfg.temporary_slot and self._started:
             raise SourceError(
-                f'wal_level is "{level[0] if level else "?"}" on the server; logical decoding '
-                "needs wal_level = logical: run ALTER SYSTEM SET wal_level = logical; and "
-                "restart the server"
+                f'the connection was lost, and the temporary slot "{cfg.slot}" with it: the '
+                "changes since the last acknowledgement cannot be read again. Use a "
+                "persistent slot to survive reconnects"
             )
         is_init = False
         if cfg.create_slot:
             _, is_init = create_slot(conn, cfg.slot, two_phase=cfg.slot_two_phase,
-                                     if_not_exists=True)
+                                     temporary=cfg.temporary_slot, if_not_exists=True)
         slots = list_slots(conn, cfg.slot)
         if not slots:
             raise SourceError(
                 f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
                 f"create -S {cfg.slot} ...` or pass --create-slot"
             )
+        if slots[0].database != conn.info.dbname:
+            raise SourceError(
+                f'replication slot "{cfg.slot}" belongs to database "{slots[0].database}", '
+                f'not "{conn.info.dbname}": connect to that database with -d'
+            )
+        if slots[0].confirmed_flush_lsn is not None:
+            # Never advance to less than the slot has: the server refuses to move it back.
+            self.progress.acked = max(self.progress.acked, slots[0].confirmed_flush_lsn)
         server_version = conn.info.server_version
-        proto = cfg.proto_version or highest_proto_version(server_version)
+        proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
             self.pipeline.set_proto_version(proto)
             self.pipeline.startup(is_init=is_init)
@@ -103,23 +119,31 @@ class SqlSource:
         if two_phase and not slots[0].two_phase:
             log.warning('slot "%s" was created without two_phase: prepared transactions '
                         "arrive at COMMIT PREPARED", cfg.slot)
+        log.info('reading slot "%s" from %s through SQL: pgoutput protocol %d, publications %s',
+                 cfg.slot, self.progress.acked, proto, ", ".join(cfg.publications))
+        batch = self.batch_changes
         while not self._stop.is_set():
             flush_before = LSN(str(conn.execute("SELECT pg_current_wal_flush_lsn()")
                                    .fetchone()[0]))  # type: ignore[index]
             rows = conn.execute(
                 "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
                 "%s, NULL, %s, VARIADIC %s::text[])",
-                (cfg.slot, self.batch_changes, flat),
+                (cfg.slot, batch, flat),
             ).fetchall()
+            fed = 0
             for lsn, data in rows:
                 self.progress.messages += 1
                 self.pipeline.feed(bytes(data), LSN(lsn))
+                fed += 1
                 if cfg.endpos is not None and self.pipeline.at_boundary \
                         and self.pipeline.position >= cfg.endpos:
                     self._stop.set()
                     break
+            full = len(rows) >= batch
             ack = self.pipeline.flush()
-            idle = len(rows) < self.batch_changes and not self.pipeline.in_flight
+            # Everything up to flush_before was read, and handed to the pipeline: nothing
+            # before it is left for us (and endpos did not stop us short of it).
+            idle = not full and fed == len(rows) and not self.pipeline.in_flight
             if idle and self.pipeline.at_boundary and flush_before > ack:
                 ack = flush_before
             # what was not finished is read again from the slot next time
@@ -128,11 +152,17 @@ class SqlSource:
                 conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
                              (cfg.slot, str(ack)))
                 self.progress.acked = ack
+                batch = self.batch_changes
+            elif full and not self._stop.is_set():
+                # A full batch that ended inside a (streamed) transaction, with nothing to
+                # acknowledge: the next peek starts at the same place, so it must read
+                # further to ever get past that transaction.
+                batch *= 2
             self.progress.server_end = flush_before
             if self.on_progress is not None:
                 self.on_progress(self.progress)
             if cfg.endpos is not None and flush_before >= cfg.endpos and idle:
                 return
-            if len(rows) < self.batch_changes:
+            if not full:
                 self._stop.wait(self.poll_interval)
         self.pipeline.flush()

@@ -17,15 +17,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData
-from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.errors import (
+    ConnectionLost,
+    SourceError,
+    explain,
+    invalidated_advice,
+)
 from plugin_framework.sources.replication import (
     ReplicationError,
     ReplicationStream,
+    quote_ident,
     quote_literal,
 )
 from plugin_framework.sources.slots import create_replication_slot_command
@@ -42,6 +49,45 @@ def highest_proto_version(server_version: int) -> int:
         if major >= since:
             return version
     raise SourceError(f"PostgreSQL {major} has no logical replication; 10 or later is needed")
+
+
+def check_proto_version(asked: int | None, server_version: int) -> int:
+    """The protocol version to use: the one asked for if the server speaks it, else the
+    highest it speaks."""
+    highest = highest_proto_version(server_version)
+    if asked is None:
+        return highest
+    if not 1 <= asked <= highest:
+        raise SourceError(
+            f"PostgreSQL {server_version // 10000} speaks pgoutput protocol up to version "
+            f"{highest}, not {asked}: use --proto-version {highest} or leave it out"
+        )
+    return asked
+
+
+def missing_publication(conn: psycopg.Connection[Any], publications: Sequence[str]) -> str | None:
+    """The first of ``publications`` that does not exist in the connected database."""
+    if not publications:
+        return None
+    names = ", ".join(quote_literal(p) for p in publications)
+    found = {r[0] for r in conn.execute(
+        f"SELECT pubname FROM pg_publication WHERE pubname IN ({names})").fetchall()}
+    return next((p for p in publications if p not in found), None)
+
+
+def missing_publication_error(name: str, dbname: str) -> SourceError:
+    return SourceError(
+        f'publication "{name}" does not exist in database "{dbname}": create it (CREATE '
+        f"PUBLICATION {quote_ident(name)} FOR ALL TABLES, or FOR TABLE ...) or name an "
+        "existing one with --publication"
+    )
+
+
+def wal_level_error(level: str) -> SourceError:
+    return SourceError(
+        f'wal_level is "{level}" on the server; logical decoding needs wal_level = logical: '
+        "run ALTER SYSTEM SET wal_level = logical; and restart the server"
+    )
 
 
 @dataclass
@@ -99,11 +145,18 @@ def pgoutput_options(config: SourceConfig, proto_version: int, two_phase: bool,
         raise SourceError("--streaming parallel needs protocol version 4 (PostgreSQL 16+)")
     if config.streaming != "off":
         if proto_version < 2:
-            raise SourceError("streaming needs protocol version 2 or later")
+            raise SourceError(
+                f"--streaming {config.streaming} needs pgoutput protocol version 2 or later, "
+                f"not {proto_version}: pass --streaming off, or a higher --proto-version"
+            )
         opts["streaming"] = config.streaming if proto_version >= 4 else "true"
     if two_phase:
         if proto_version < 3:
-            raise SourceError("two_phase needs protocol version 3 (PostgreSQL 15+)")
+            raise SourceError(
+                f"decoding prepared transactions needs pgoutput protocol version 3 "
+                f"(PostgreSQL 15+), not {proto_version}: leave --proto-version out, or use "
+                "emitters without two-phase callbacks"
+            )
         opts["two_phase"] = "true"
     if config.origin is not None:
         if server_version < 160000:
@@ -164,6 +217,17 @@ class WalsenderSource:
 
     def _connect(self) -> None:
         cfg = self.config
+        if cfg.temporary_slot and self._started:
+            # A temporary slot is dropped with the connection that created it.
+            raise SourceError(
+                f'the connection was lost, and the temporary slot "{cfg.slot}" with it: the '
+                "changes since the last acknowledgement cannot be read again. Use a "
+                "persistent slot to survive reconnects"
+            )
+        if self._started and self.pipeline.catalog is not None:
+            # Its connection went with the server, most likely: reconnect on the next query.
+            with contextlib.suppress(Exception):
+                self.pipeline.catalog.close()
         try:
             repl = self._repl = ReplicationStream(cfg.conninfo)
             server_version = repl.conn.info.server_version
@@ -174,13 +238,7 @@ class WalsenderSource:
             self._check_slot(repl)
         except psycopg.Error as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
-        highest = highest_proto_version(server_version)
-        proto = cfg.proto_version or highest
-        if proto > highest:
-            raise SourceError(
-                f"PostgreSQL {server_version // 10000} speaks pgoutput protocol up to version "
-                f"{highest}, not {proto}: use --proto-version {highest} or leave it out"
-            )
+        proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
             self.pipeline.set_proto_version(proto)
             self.pipeline.startup(is_init=is_init)
@@ -196,28 +254,20 @@ class WalsenderSource:
     def _check_server(self, repl: ReplicationStream, server_version: int) -> None:
         level = repl.command("SHOW wal_level")[0][0]
         if level != "logical":
-            raise SourceError(
-                f'wal_level is "{level}" on the server; logical decoding needs wal_level = '
-                "logical: run ALTER SYSTEM SET wal_level = logical; and restart the server"
-            )
-        names = ", ".join(quote_literal(p) for p in self.config.publications)
-        if names:
-            found = {r[0] for r in repl.command(
-                f"SELECT pubname FROM pg_publication WHERE pubname IN ({names})")}
-            missing = [p for p in self.config.publications if p not in found]
-            if missing:
-                raise SourceError(
-                    f'publication "{missing[0]}" does not exist in database '
-                    f'"{repl.conn.info.dbname}": create it (CREATE PUBLICATION {missing[0]} '
-                    "FOR ALL TABLES, or FOR TABLE ...) or name an existing one"
-                )
+            raise wal_level_error(level)
+        missing = missing_publication(repl.conn, self.config.publications)
+        if missing is not None:
+            raise missing_publication_error(missing, repl.conn.info.dbname)
 
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
         exists = repl.command(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = "
+            "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_literal(cfg.slot)}")
         if exists:
+            if cfg.slot_two_phase and not exists[0][0] and not self._started:
+                log.warning('replication slot "%s" exists already, without two_phase: '
+                            "--two-phase applies only to a slot created now", cfg.slot)
             return False
         repl.command(create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
@@ -227,15 +277,16 @@ class WalsenderSource:
 
     def _check_slot(self, repl: ReplicationStream) -> None:
         cfg = self.config
+        why_lost = "invalidation_reason" if repl.conn.info.server_version >= 170000 else "NULL"
         rows = repl.command(
-            "SELECT plugin, database, wal_status, active_pid FROM pg_replication_slots "
-            f"WHERE slot_name = {quote_literal(cfg.slot)}")
+            "SELECT plugin, database, wal_status, active_pid, confirmed_flush_lsn::text, "
+            f"{why_lost} FROM pg_replication_slots WHERE slot_name = {quote_literal(cfg.slot)}")
         if not rows:
             raise SourceError(
                 f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
                 f"create -S {cfg.slot} ...` or pass --create-slot"
             )
-        plugin, database, wal_status, pid = rows[0]
+        plugin, database, wal_status, pid, confirmed, reason = rows[0]
         if plugin != "pgoutput":
             raise SourceError(
                 f'replication slot "{cfg.slot}" uses output plugin "{plugin}"; pgdecode reads '
@@ -247,10 +298,10 @@ class WalsenderSource:
                 f'"{repl.conn.info.dbname}": connect to that database with -d'
             )
         if wal_status == "lost":
+            why = f" ({reason})" if reason else ""
             raise SourceError(
-                f'replication slot "{cfg.slot}" was invalidated (the WAL it needed was '
-                "removed) and cannot be used again: drop it, create a new one and re-copy "
-                "the tables (raise max_slot_wal_keep_size to prevent this)"
+                f'replication slot "{cfg.slot}" was invalidated{why} and cannot be used '
+                f"again: {invalidated_advice(cfg.slot, reason)}"
             )
         if pid is not None and not cfg.temporary_slot:
             if self.progress.reconnects:
@@ -260,6 +311,9 @@ class WalsenderSource:
                 f'replication slot "{cfg.slot}" is active for PID {pid}: another consumer is '
                 "reading it; stop it, or use another slot (each consumer needs its own)"
             )
+        if confirmed:
+            # Never report less than the server has: it would move the slot back.
+            self.progress.acked = max(self.progress.acked, LSN(confirmed))
 
     def _close(self) -> None:
         if self._repl is not None:
@@ -275,38 +329,63 @@ class WalsenderSource:
         cfg = self.config
         try:
             repl.start(cfg.slot, LSN(0), self._options)
+        except psycopg.errors.ObjectInUse as exc:
+            if self.progress.reconnects:  # our previous walsender, not yet gone
+                raise ConnectionLost(str(exc).strip()) from None
+            raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
         except psycopg.Error as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
+        shown = ", ".join(f"{k} {v}" for k, v in self._options.items()
+                          if k not in ("proto_version", "publication_names"))
+        log.info('streaming slot "%s" from %s: pgoutput protocol %d, publications %s%s',
+                 cfg.slot, self.progress.acked, self._proto,
+                 ", ".join(cfg.publications), f", {shown}" if shown else "")
         self._last_status = time.monotonic()
         pipeline = self.pipeline
         progress = self.progress
         try:
+            stop = self._stop.is_set
+            read = repl.read
+            feed = pipeline.feed
+            tap = self.tap
+            interval = cfg.status_interval
+            endpos = cfg.endpos
+            monotonic = time.monotonic
             while True:
-                if self._stop.is_set() and pipeline.at_boundary:
+                if stop() and pipeline.at_boundary:
                     break
-                wait = self._last_status + cfg.status_interval - time.monotonic()
-                message = repl.read(max(0.0, min(wait, 1.0)))
-                if message is not None and self.tap is not None:
-                    self.tap(message)
-                if isinstance(message, XLogData):
+                now = monotonic()
+                wait = self._last_status + interval - now
+                if wait <= 0:
+                    self._send_status()
+                    wait = interval
+                message = read(min(wait, 1.0))
+                if message is None:
+                    continue
+                if tap is not None:
+                    tap(message)
+                if type(message) is XLogData:
                     progress.messages += 1
-                    if message.wal_start > progress.received:
-                        progress.received = message.wal_start
-                    pipeline.feed(message.data, message.wal_start)
-                    if cfg.endpos is not None and pipeline.at_boundary \
-                            and pipeline.position >= cfg.endpos:
+                    wal_start = message.wal_start
+                    if wal_start > progress.received:
+                        progress.received = wal_start
+                    feed(message.data, wal_start)
+                    if endpos is not None and pipeline.at_boundary \
+                            and pipeline.position >= endpos:
                         break
                 elif isinstance(message, PrimaryKeepalive):
                     progress.server_end = message.wal_end
                     progress.server_time = message.send_time.timestamp()
                     if message.reply_requested:
                         self._send_status()
-                    if cfg.endpos is not None and message.wal_end >= cfg.endpos \
+                    if endpos is not None and message.wal_end >= endpos \
                             and pipeline.at_boundary and not pipeline.in_flight:
                         break
-                if time.monotonic() - self._last_status >= cfg.status_interval:
-                    self._send_status()
             self._send_status()
+            try:
+                repl.end()
+            except (ReplicationError, psycopg.Error) as exc:  # acknowledged already
+                log.debug("ending the stream: %s", exc)
         except (ReplicationError, psycopg.Error) as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
 

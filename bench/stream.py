@@ -1,0 +1,216 @@
+"""End-to-end streaming benchmark: ``pgdecode stream`` into a file against ``pg_recvlogical``
+writing the same slot contents' raw pgoutput into a file, in the same run.
+
+    /tmp/venv/bin/python bench/stream.py [--changes N] [--emitter NAME] [--bindir DIR]
+                                         [--runs N] [--streaming off|on] [--keep]
+
+Starts a throwaway PostgreSQL cluster (the embedded 18 unless --bindir), creates a table and a
+publication, then one slot per reader and per run, *before* the workload, so that every
+reader finds the same WAL waiting: ~300k changes (mostly inserts, some updates and deletes,
+1000 per transaction). Then it times, one after the other, each reader from its slot's start
+to the WAL end position (``-E``):
+
+- pgdecode: ``python -m plugin_framework.cli stream --emitter NAME -f FILE -E END -q``, the
+  real command (process start, connection, decoding, the emitter, fsync at the end);
+- pg_recvlogical: the server's own client from its bindir, ``--start -f FILE -E END`` with the
+  same pgoutput options (protocol version, publication, messages, streaming); it decodes
+  nothing and writes each XLogData payload (pgoutput's binary messages) followed by a newline;
+- startup: ``python -m plugin_framework.cli --version``, the interpreter's and imports' share.
+
+Both ask the server for the same stream, so the server's decoding cost is in both; the
+ratio is what pgdecode's Python side costs on top of it. Printed as a table; the numbers are
+never judged (exit status 0 whatever they are). With --runs N, the best of N per reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+TABLE = "bench_orders"
+PUBLICATION = "bench_pub"
+TX_INSERTS, TX_UPDATES, TX_DELETES = 800, 150, 50  # 1000 changes per transaction
+
+SCHEMA = f"""
+CREATE TABLE {TABLE} (
+    id bigint PRIMARY KEY,
+    name text,
+    amount numeric(12,2),
+    created timestamptz,
+    active boolean,
+    tags text[],
+    payload jsonb
+);
+CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};
+"""
+
+INSERT_ROWS = f"""
+INSERT INTO {TABLE}
+SELECT g,
+       'customer ' || left(md5(g::text), 6 + (g %% 20)::int),
+       (g %% 1000003) / 100.0,
+       timestamptz '2024-01-01 00:00:00+00' + g * interval '1.5 seconds',
+       g %% 3 <> 0,
+       CASE WHEN g %% 10 = 0 THEN NULL
+            ELSE ARRAY['tag' || g %% 7, 'a "quoted" tag', 'region-' || g %% 13] END,
+       CASE WHEN g %% 7 = 0 THEN NULL
+            ELSE jsonb_build_object('sku', 'SKU-' || g %% 997, 'qty', g %% 17,
+                                    'note', 'line with ''quotes'' and ünïcode', 'ok', g %% 2 = 0)
+       END
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+"""
+UPDATE_ROWS = f"""
+UPDATE {TABLE} SET amount = amount + 1.25, active = NOT active, name = name || ' (updated)'
+WHERE id BETWEEN %(first)s AND %(last)s
+"""
+DELETE_ROWS = f"DELETE FROM {TABLE} WHERE id BETWEEN %(first)s AND %(last)s"
+
+
+def default_emitter() -> str:
+    from plugin_framework.framework.registry import installed_emitters
+
+    names = {e.name for e in installed_emitters()}
+    return "json" if "json" in names else "simple"
+
+
+def run_workload(conn: psycopg.Connection[Any], changes: int) -> int:
+    """Transactions of 1000 changes until ``changes``; returns how many were made."""
+    made = 0
+    next_id = 1
+    while made < changes:
+        with conn.transaction():
+            first = next_id
+            last = first + TX_INSERTS - 1
+            conn.execute(INSERT_ROWS, {"first": first, "last": last})
+            conn.execute(UPDATE_ROWS, {"first": first, "last": first + TX_UPDATES - 1})
+            conn.execute(DELETE_ROWS, {"first": last - TX_DELETES + 1, "last": last})
+        next_id = last + 1
+        made += TX_INSERTS + TX_UPDATES + TX_DELETES
+    return made
+
+
+def timed(command: Sequence[str], env: dict[str, str] | None = None) -> float:
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{result.stderr}")
+    return elapsed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=300_000)
+    parser.add_argument("--emitter", default=None,
+                        help="pgdecode's emitter (default json, or simple if json is missing)")
+    parser.add_argument("--bindir", help="PostgreSQL binaries (default: the embedded 18)")
+    parser.add_argument("--runs", type=int, default=1, help="best of N per reader")
+    parser.add_argument("--streaming", choices=("off", "on"), default="on",
+                        help="ask the server to stream large transactions (default on, as "
+                             "pgdecode stream does)")
+    parser.add_argument("--work-mem", default="64MB",
+                        help="the server's logical_decoding_work_mem (default 64MB)")
+    parser.add_argument("--keep", action="store_true", help="keep the output files")
+    args = parser.parse_args(argv)
+
+    from plugin_framework.sources.cluster import LocalCluster, embedded_bindir
+    from plugin_framework.sources.walsender import highest_proto_version
+
+    emitter = args.emitter or default_emitter()
+    bindir = Path(args.bindir) if args.bindir else embedded_bindir()
+    recvlogical = bindir / "pg_recvlogical"
+    workdir = Path(tempfile.mkdtemp(prefix="pgdecode-bench-stream"))
+    cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": args.work_mem})
+    try:
+        cluster.start()
+        conninfo = cluster.conninfo()
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            version = conn.info.server_version
+            proto = highest_proto_version(version)
+            conn.execute(SCHEMA)
+            slots = {(reader, run): f"bench_{reader}_{run}"
+                     for reader in ("pgdecode", "recvlogical") for run in range(args.runs)}
+            for slot in slots.values():
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                             (slot,))
+            print(f"PostgreSQL {version // 10000} ({bindir}), {os.cpu_count()} CPUs, "
+                  f"Python {platform.python_version()}; running {args.changes:,} changes ...",
+                  flush=True)
+            made = run_workload(conn, args.changes)
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            endpos = row[0]
+
+        options = {"proto_version": str(proto), "publication_names": PUBLICATION,
+                   "messages": "true"}
+        if args.streaming == "on":
+            options["streaming"] = "on" if proto >= 4 else "true"
+        results: dict[str, list[float]] = {"pgdecode": [], "recvlogical": [], "startup": []}
+        sizes: dict[str, int] = {}
+        env = dict(os.environ)
+        for run in range(args.runs):
+            out = workdir / f"pgdecode_{run}.out"
+            results["pgdecode"].append(timed(
+                [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", conninfo,
+                 "-S", slots["pgdecode", run], "--publication", PUBLICATION,
+                 "--emitter", emitter, "-f", str(out), "-E", endpos, "-q",
+                 "--streaming", args.streaming, "--proto-version", str(proto)], env))
+            sizes["pgdecode"] = out.stat().st_size
+            raw = workdir / f"recvlogical_{run}.out"
+            command = [str(recvlogical), "-d", conninfo, "--slot", slots["recvlogical", run],
+                       "--start", "-f", str(raw), "-E", endpos, "--no-loop"]
+            for key, value in options.items():
+                command += ["-o", f"{key}={value}"]
+            results["recvlogical"].append(timed(command))
+            sizes["recvlogical"] = raw.stat().st_size
+            results["startup"].append(timed(
+                [sys.executable, "-m", "plugin_framework.cli", "--version"], env))
+            if not args.keep:
+                out.unlink()
+                raw.unlink()
+    finally:
+        cluster.cleanup()
+        if not args.keep:
+            for leftover in workdir.iterdir():
+                leftover.unlink()
+            workdir.rmdir()
+
+    best = {name: min(times) for name, times in results.items()}
+    print(report(best, sizes, made, emitter, args.streaming, proto))
+    if args.keep:
+        print(f"output files kept in {workdir}")
+    return 0
+
+
+def report(best: dict[str, float], sizes: dict[str, int], changes: int, emitter: str,
+           streaming: str, proto: int) -> str:
+    rows = [("reader", "seconds", "changes/s", "output MB", "vs pg_recvlogical")]
+    base = best["recvlogical"]
+    for name, label in (("recvlogical", "pg_recvlogical (raw pgoutput)"),
+                        ("pgdecode", f"pgdecode stream --emitter {emitter}")):
+        seconds = best[name]
+        rows.append((label, f"{seconds:.2f}", f"{changes / seconds:,.0f}",
+                     f"{sizes[name] / 1e6:.1f}", f"{seconds / base:.2f}x"))
+    rows.append(("python startup (pgdecode --version)", f"{best['startup']:.2f}", "", "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"{changes:,} changes, pgoutput protocol {proto}, streaming {streaming}", ""]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                               for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""``pgdecode stream`` under faults, on each server version: the consumer killed with SIGKILL
+in the middle of a large transaction and restarted, a prepared transaction pending across
+that, the server restarted under it, an idle slot, signals, and the errors a real server
+produces, each reading as promised (what went wrong, and what to do)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from streamkit import (
+    cli_env,
+    confirmed_flush,
+    create_slot,
+    current_lsn,
+    install_probes,
+    query,
+    read_lines,
+    run_cli,
+    slot_row,
+    start_cli,
+    stop_process,
+    table_ids,
+    wait_for,
+    wait_slot_inactive,
+)
+
+from plugin_framework import LSN
+from plugin_framework.sources.cluster import LocalCluster
+
+BIG = 50_000  # rows in the large transaction the consumer is killed in
+
+
+@pytest.fixture(scope="session")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_probes(tmp_path_factory.mktemp("probes"))
+
+
+@pytest.fixture
+def env(probes: Path) -> dict[str, str]:
+    return cli_env(probes)
+
+
+@pytest.fixture
+def own_cluster(pg: LocalCluster) -> Iterator[LocalCluster]:
+    """A server of the same version as ``pg``, of this test's own, to restart or break."""
+    cluster = LocalCluster(pg.bindir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+def make_table(conninfo: str) -> None:
+    query(conninfo, "CREATE TABLE t (id int PRIMARY KEY, v text); "
+                    "CREATE TABLE unpub (id int PRIMARY KEY); "
+                    "CREATE PUBLICATION pub FOR TABLE t")
+
+
+def insert(conninfo: str, first: int, last: int, tag: str = "x") -> None:
+    query(conninfo, "INSERT INTO t SELECT g, %s || g FROM generate_series(%s::int, %s::int) g",
+          (tag, first, last))
+
+
+def small_transactions(conninfo: str, first: int, count: int) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for i in range(first, first + count):
+            conn.execute("INSERT INTO t VALUES (%s, 'small')", (i,))
+
+
+def transactions(lines: list[dict[str, Any]]) -> list[int]:
+    """The xids of the complete transactions in a probe's output, checking that the output
+    is a sequence of whole transactions."""
+    xids: list[int] = []
+    open_xid = None
+    for ln in lines:
+        if ln["cb"] == "begin":
+            assert open_xid is None, f"transaction {ln['xid']} began inside {open_xid}"
+            open_xid = ln["xid"]
+        elif ln["cb"] == "commit":
+            assert open_xid == ln["xid"]
+            xids.append(ln["xid"])
+            open_xid = None
+    assert open_xid is None, f"transaction {open_xid} is cut short"
+    return xids
+
+
+def check_exactly_once(conninfo: str, lines: list[dict[str, Any]]) -> None:
+    xids = transactions(lines)
+    twice = [x for x, n in Counter(xids).items() if n > 1]
+    assert not twice, f"transactions delivered twice: {twice}"
+    ids = [int(ln["new"]["id"]) for ln in lines if ln["cb"] == "change"]
+    again = [i for i, n in Counter(ids).items() if n > 1]
+    assert not again, f"{len(again)} rows delivered twice, e.g. {again[:5]}"
+    assert sorted(ids) == table_ids(conninfo, "t")
+
+
+def wait_for_ack(conninfo: str, slot: str, lsn: LSN, timeout: float = 120) -> None:
+    wait_for(lambda: confirmed_flush(conninfo, slot) >= lsn, timeout,
+             what=f"slot {slot} acknowledged to {lsn}")
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+# --- 1, 2: SIGKILL of the consumer in a large transaction, and restart -------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["first", "after-others"])
+@pytest.mark.parametrize("streaming", ["on", "off"])
+def test_kill9_in_large_transaction_then_restart(db: Any, env: dict[str, str], tmp_path: Path,
+                                                 where: str, streaming: str) -> None:
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_k"
+    create_slot(db.conninfo, slot)
+    out = tmp_path / "out"
+    command = ["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub", "--emitter",
+               "probe", "-f", str(out), "--status-interval", "0.2", "--streaming", streaming]
+    stderr = tmp_path / "stderr"
+    if where == "after-others":
+        small_transactions(db.conninfo, 1, 50)
+    insert(db.conninfo, 1000, 1000 + BIG - 1, "big")
+    small_transactions(db.conninfo, 100, 50)
+
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        before = 5000 if where == "after-others" else 0
+        # Killed while it writes the large transaction: past what came before, short of all.
+        wait_for(lambda: size(out) > before + 200_000 or proc.poll() is not None, timeout=120,
+                 interval=0.01, what="output of the large transaction")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    acked_at_kill = confirmed_flush(db.conninfo, slot)
+    killed_size = size(out)
+    durable = json.loads(Path(f"{out}.progress").read_text())
+    # It died in the middle of a transaction's output: the file has a torn tail.
+    assert killed_size > durable["size"]
+    wait_slot_inactive(db.conninfo, slot)
+
+    # Restarted: it carries on, with more coming in while it runs.
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        small_transactions(db.conninfo, 200, 20)
+        wait_for_ack(db.conninfo, slot, current_lsn(db.conninfo))
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    lines = read_lines(out)
+    check_exactly_once(db.conninfo, lines)
+    # What the server had been told was durable is in the file, before anything after it.
+    acked = [ln for ln in lines if ln["cb"] == "commit" and LSN(ln["end_lsn"]) <= acked_at_kill]
+    assert len(acked) == len({ln["xid"] for ln in acked})
+
+
+def prepared_across_kill9(db: Any, env: dict[str, str], tmp_path: Path,
+                          two_phase_slot: bool) -> Path:
+    """PREPARE before the consumer is killed in a large transaction, COMMIT PREPARED after it
+    was restarted; returns the output file (FILE.EMITTER each when there are two)."""
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_p"
+    out = tmp_path / "out"
+    emitters = ["--emitter", "probe"]
+    if two_phase_slot:
+        emitters += ["--emitter", "probe-2pc"]  # asks the server for two-phase decoding
+    command = ["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub", *emitters,
+               "-f", str(out), "--status-interval", "0.2", "--create-slot"]
+    if two_phase_slot:
+        command.append("--two-phase")
+    plain = Path(f"{out}.probe") if two_phase_slot else out
+    stderr = tmp_path / "stderr"
+
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, slot), what="slot created")
+        small_transactions(db.conninfo, 1, 10)
+        with db.connect(autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t SELECT g, 'prepared' FROM generate_series(-100, -1) g")
+            conn.execute("PREPARE TRANSACTION 'pending'")
+        after_prepare = current_lsn(db.conninfo)
+        if two_phase_slot:
+            # The two-phase plugin has the PREPARE, durably.
+            progress = Path(f"{out}.probe-2pc.progress")
+            wait_for(lambda: LSN(json.loads(progress.read_text())["lsn"]) >= after_prepare,
+                     what="the PREPARE in the two-phase plugin's file")
+        insert(db.conninfo, 1000, 1000 + BIG - 1, "big")
+        wait_for(lambda: size(plain) > 300_000, timeout=120, interval=0.01,
+                 what="output of the large transaction")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if two_phase_slot:
+        # Never acknowledged past the PREPARE the plain plugin still waits for.
+        assert confirmed_flush(db.conninfo, slot) < after_prepare
+    wait_slot_inactive(db.conninfo, slot)
+
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active"), what="restart")
+        small_transactions(db.conninfo, 100, 10)
+        query(db.conninfo, "COMMIT PREPARED 'pending'")
+        small_transactions(db.conninfo, 200, 10)
+        wait_for_ack(db.conninfo, slot, current_lsn(db.conninfo))
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_phase_slot", [True, False], ids=["two-phase-slot", "plain-slot"])
+def test_prepared_transaction_pending_across_kill9(db: Any, env: dict[str, str],
+                                                   tmp_path: Path, two_phase_slot: bool) -> None:
+    """A plugin without two-phase callbacks gets the transaction once, at COMMIT PREPARED;
+    with a two-phase slot the server sends the PREPARE, and the pipeline holds it (and the
+    acknowledgement) back across the restart."""
+    out = prepared_across_kill9(db, env, tmp_path, two_phase_slot)
+    lines = read_lines(f"{out}.probe" if two_phase_slot else out)
+    check_exactly_once(db.conninfo, lines)
+    prepared_xids = {ln["xid"] for ln in lines
+                     if ln["cb"] == "change" and ln["new"]["v"] == "prepared"}
+    assert len(prepared_xids) == 1
+    (xid,) = prepared_xids
+    # Delivered at COMMIT PREPARED: after the transactions committed before that.
+    order = transactions(lines)
+    committed_before = {ln["xid"] for ln in lines if ln["cb"] == "change"
+                        and 100 <= int(ln["new"]["id"]) < 110}
+    assert committed_before
+    assert all(order.index(x) < order.index(xid) for x in committed_before)
+
+
+@pytest.mark.slow
+def test_two_phase_plugin_gets_commit_prepared_after_restart(db: Any, env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """Beside the plain plugin, a two-phase plugin got the PREPARE before the kill; the
+    server sends it again after the restart (the acknowledgement stayed before it): the
+    two-phase plugin skips it, and gets the COMMIT PREPARED, each once."""
+    out = prepared_across_kill9(db, env, tmp_path, two_phase_slot=True)
+    two_phase = read_lines(f"{out}.probe-2pc")
+    events = [(ln["cb"], ln.get("gid")) for ln in two_phase
+              if ln["cb"] in ("begin_prepare", "prepare", "commit_prepared")]
+    assert events == [("begin_prepare", "pending"), ("prepare", "pending"),
+                      ("commit_prepared", "pending")]
+
+
+# --- 3: the server restarted under the stream --------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source_kind", ["walsender", "sql"])
+def test_server_restart_mid_stream(own_cluster: LocalCluster, env: dict[str, str],
+                                   tmp_path: Path, source_kind: str) -> None:
+    conninfo = own_cluster.conninfo()
+    make_table(conninfo)
+    slot = "restarted"
+    create_slot(conninfo, slot)
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    small_transactions(conninfo, 1, 200)
+    insert(conninfo, 1000, 1000 + BIG - 1, "big")
+    proc = start_cli(["stream", "-d", conninfo, "-S", slot, "--publication", "pub",
+                      "--emitter", "probe", "-f", str(out), "--status-interval", "0.2",
+                      "--source", source_kind], env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: size(out) > 20_000, timeout=120, interval=0.01, what="some output")
+        own_cluster.restart()
+        small_transactions(conninfo, 300, 100)
+        insert(conninfo, 100_000, 100_000 + 9_999, "after")
+        wait_for_ack(conninfo, slot, current_lsn(conninfo))
+        assert proc.poll() is None
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    log = stderr.read_text()
+    assert "reconnecting in" in log
+    check_exactly_once(conninfo, read_lines(out))
+
+
+# --- 4: an idle slot does not hold WAL back ----------------------------------------------------
+
+
+@pytest.mark.parametrize("source_kind", ["walsender", "sql"])
+def test_idle_slot_advances(db: Any, env: dict[str, str], tmp_path: Path,
+                            source_kind: str) -> None:
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_idle"
+    create_slot(db.conninfo, slot)
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub",
+                      "--emitter", "probe", "-f", str(tmp_path / "out"),
+                      "--status-interval", "0.2", "--source", source_kind], env=env,
+                     stderr_path=tmp_path / "stderr")
+    try:
+        start = confirmed_flush(db.conninfo, slot)
+        # Only an unpublished table changes...
+        query(db.conninfo, "INSERT INTO unpub SELECT generate_series(1, 1000)")
+        target = current_lsn(db.conninfo)
+        wait_for_ack(db.conninfo, slot, target, timeout=60)
+        # ... then only another database.
+        query(db.cluster.conninfo(), "CREATE TABLE IF NOT EXISTS idle_elsewhere (id int)")
+        query(db.cluster.conninfo(), "INSERT INTO idle_elsewhere SELECT generate_series(1, 1000)")
+        target = current_lsn(db.conninfo)
+        wait_for_ack(db.conninfo, slot, target, timeout=60)
+        assert confirmed_flush(db.conninfo, slot) > start
+    finally:
+        assert stop_process(proc) == 0
+        query(db.cluster.conninfo(), "DROP TABLE IF EXISTS idle_elsewhere")
+    assert (tmp_path / "out").read_text() == ""
+
+
+# --- signals -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("streaming", ["on", "off"])
+def test_signal_finishes_transaction_and_acknowledges(db: Any, env: dict[str, str],
+                                                      tmp_path: Path, sig: signal.Signals,
+                                                      streaming: str) -> None:
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_sig"
+    create_slot(db.conninfo, slot)
+    small_transactions(db.conninfo, 1, 5)
+    insert(db.conninfo, 1000, 1000 + BIG - 1, "big")
+    insert(db.conninfo, 100_000, 100_000 + BIG - 1, "big2")
+    out = tmp_path / "out"
+    command = ["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub", "--emitter",
+               "probe", "-f", str(out), "--streaming", streaming, "--status-interval", "60"]
+    proc = start_cli(command, env=env, stderr_path=tmp_path / "stderr")
+    try:
+        wait_for(lambda: size(out) > 100_000 or proc.poll() is not None, timeout=120,
+                 interval=0.01, what="output of the large transaction")
+    finally:
+        assert stop_process(proc, sig) == 0, (tmp_path / "stderr").read_text()
+    lines = read_lines(out)
+    xids = transactions(lines)  # whole transactions only
+    assert len(xids) >= 6  # it was writing the first large one: that one was finished
+    last_end = LSN([ln["end_lsn"] for ln in lines if ln["cb"] == "commit"][-1])
+    progress = LSN(json.loads(Path(f"{out}.progress").read_text())["lsn"])
+    assert progress == last_end
+    # Acknowledged up to the last transaction's end at exit (not only every 60 s).
+    assert confirmed_flush(db.conninfo, slot) >= last_end
+    # And the rest is still there, once.
+    result = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env)
+    assert result.returncode == 0, result.stderr
+    check_exactly_once(db.conninfo, read_lines(out))
+
+
+# --- 5: errors from a real server ----------------------------------------------------------------
+
+
+def stream_error(conninfo: str, env: dict[str, str], *args: str, slot: str = "s",
+                 publication: str = "pub", source_kind: str = "walsender") -> str:
+    result = run_cli(["stream", "-d", conninfo, "-S", slot, "--publication", publication,
+                      "--emitter", "probe", "--no-reconnect", "--source", source_kind,
+                      "-E", "0/1", *args], env=env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    # the error ends the output (perhaps after a line of INFO about the start)
+    assert "pgdecode: error: " in result.stderr, result.stderr
+    error = result.stderr[result.stderr.index("pgdecode: error: "):]
+    assert "Traceback" not in error
+    return error
+
+
+SOURCES = pytest.mark.parametrize("source_kind", ["walsender", "sql"])
+
+
+@SOURCES
+def test_error_wal_level_not_logical(pg: LocalCluster, env: dict[str, str],
+                                     source_kind: str) -> None:
+    with LocalCluster(pg.bindir, settings={"wal_level": "replica"}) as cluster:
+        conninfo = cluster.conninfo()
+        make_table(conninfo)
+        for extra in ([], ["--create-slot"]):
+            message = stream_error(conninfo, env, *extra, source_kind=source_kind)
+            assert 'wal_level is "replica"' in message
+            assert "ALTER SYSTEM SET wal_level = logical" in message
+            assert "restart the server" in message
+        result = run_cli(["slot", "create", "-d", conninfo, "-S", "s"], env=env)
+        assert result.returncode == 1
+        assert "wal_level" in result.stderr and "ALTER SYSTEM SET wal_level" in result.stderr
+
+
+@SOURCES
+def test_error_slot_missing(db: Any, env: dict[str, str], source_kind: str) -> None:
+    make_table(db.conninfo)
+    message = stream_error(db.conninfo, env, slot="nowhere", source_kind=source_kind)
+    assert 'replication slot "nowhere" does not exist' in message
+    assert "pgdecode slot create" in message and "--create-slot" in message
+
+
+@SOURCES
+def test_error_slot_active_in_another_process(db: Any, env: dict[str, str], tmp_path: Path,
+                                              source_kind: str) -> None:
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_busy"
+    create_slot(db.conninfo, slot)
+    first = start_cli(["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub",
+                       "--emitter", "probe", "-f", str(tmp_path / "first")], env=env)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active"), what="first")
+        pid = slot_row(db.conninfo, slot)["active_pid"]  # type: ignore[index]
+        message = stream_error(db.conninfo, env, slot=slot, source_kind=source_kind)
+        assert f'replication slot "{slot}" is active for PID {pid}' in message
+        assert "Another consumer" in message or "another consumer" in message
+        assert "use another slot" in message
+        assert first.poll() is None  # the first consumer is undisturbed
+    finally:
+        assert stop_process(first) == 0
+
+
+@SOURCES
+def test_error_slot_invalidated(pg: LocalCluster, env: dict[str, str],
+                                source_kind: str) -> None:
+    with LocalCluster(pg.bindir, settings={"max_slot_wal_keep_size": "1MB"}) as cluster:
+        conninfo = cluster.conninfo()
+        make_table(conninfo)
+        create_slot(conninfo, "lost")
+        for i in range(100):
+            if slot_row(conninfo, "lost")["wal_status"] == "lost":  # type: ignore[index]
+                break
+            insert(conninfo, i * 10_000, i * 10_000 + 9_999)
+            query(conninfo, "SELECT pg_switch_wal()")
+            query(conninfo, "CHECKPOINT")
+        else:
+            pytest.fail("the slot was never invalidated")
+        message = stream_error(conninfo, env, slot="lost", source_kind=source_kind)
+        assert '"lost"' in message and "invalidated" in message
+        assert "cannot be used again" in message
+        assert "pgdecode slot drop -S lost" in message and "max_slot_wal_keep_size" in message
+        listed = run_cli(["slot", "list", "-d", conninfo], env=env)
+        assert listed.stdout.splitlines()[1].split()[-1] == "lost"
+
+
+@SOURCES
+def test_error_publication_missing(db: Any, env: dict[str, str], source_kind: str) -> None:
+    make_table(db.conninfo)
+    create_slot(db.conninfo, f"{db.dbname}_pub")
+    message = stream_error(db.conninfo, env, "--publication", "pub", slot=f"{db.dbname}_pub",
+                           publication="nopub", source_kind=source_kind)
+    assert f'publication "nopub" does not exist in database "{db.dbname}"' in message
+    assert "CREATE PUBLICATION" in message and "--publication" in message
+
+
+@SOURCES
+def test_error_permission_denied(db: Any, env: dict[str, str], source_kind: str) -> None:
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_perm"
+    create_slot(db.conninfo, slot)
+    role = f"{db.dbname}_nobody"
+    query(db.conninfo, f"CREATE ROLE {role} LOGIN")
+    try:
+        conninfo = db.cluster.conninfo(db.dbname, user=role)
+        message = stream_error(conninfo, env, slot=slot, source_kind=source_kind)
+        assert "REPLICATION attribute" in message
+        assert f"ALTER ROLE {role} REPLICATION" in message
+        # Not a connection problem to retry: it fails the same without --no-reconnect.
+        result = run_cli(["stream", "-d", conninfo, "-S", slot, "--publication", "pub",
+                          "--emitter", "probe", "--source", source_kind, "-E", "0/1"],
+                         env=env, timeout=60)
+        assert result.returncode == 1 and "reconnecting" not in result.stderr
+    finally:
+        query(db.conninfo, f"DROP ROLE {role}")
+
+
+@SOURCES
+def test_error_protocol_version_not_supported(db: Any, env: dict[str, str],
+                                              source_kind: str) -> None:
+    if db.major_version >= 16:
+        pytest.skip("every --proto-version is supported from PostgreSQL 16 on")
+    make_table(db.conninfo)
+    create_slot(db.conninfo, f"{db.dbname}_proto")
+    message = stream_error(db.conninfo, env, "--proto-version", "4", slot=f"{db.dbname}_proto",
+                           source_kind=source_kind)
+    assert (f"PostgreSQL {db.major_version} speaks pgoutput protocol up to version 3, not 4"
+            in message)
+    assert "--proto-version 3 or leave it out" in message

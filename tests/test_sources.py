@@ -1,0 +1,366 @@
+"""The live sources through their Python API (WalsenderSource, SqlSource, SourceConfig), and
+the pieces they are made of: pgoutput options, protocol negotiation, error translation."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from streamkit import (
+    BIG_ROWS,
+    Probe,
+    StreamProbe,
+    applied_ids,
+    confirmed_flush,
+    create_slot,
+    create_tables,
+    current_lsn,
+    query,
+    run_options_workload,
+    slot_row,
+    table_ids,
+    wait_for,
+)
+
+from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.replication import ReplicationError
+from plugin_framework.sources.sql import SqlSource
+from plugin_framework.sources.walsender import (
+    SourceConfig,
+    WalsenderSource,
+    check_proto_version,
+    pgoutput_options,
+)
+
+# --- without a server ---------------------------------------------------------------------------
+
+
+def config(**kwargs: Any) -> SourceConfig:
+    return SourceConfig(conninfo="", slot="s", publications=kwargs.pop("publications", ["p"]),
+                        **kwargs)
+
+
+def test_pgoutput_options_per_protocol() -> None:
+    assert pgoutput_options(config(), 4, False, 180000) == {
+        "proto_version": "4", "publication_names": '"p"', "messages": "true",
+        "streaming": "on"}
+    assert pgoutput_options(config(), 3, True, 150000)["streaming"] == "true"
+    assert pgoutput_options(config(), 3, True, 150000)["two_phase"] == "true"
+    assert pgoutput_options(config(streaming="parallel"), 4, False, 160000)["streaming"] \
+        == "parallel"
+    off = pgoutput_options(config(streaming="off", messages=False, binary=True, origin="none",
+                                  publications=["a", 'we"ird']), 1, False, 160000)
+    assert off == {"proto_version": "1", "publication_names": '"a","we""ird"',
+                   "binary": "true", "origin": "none"}
+
+
+@pytest.mark.parametrize(("kwargs", "proto", "server", "words"), [
+    ({"streaming": "on"}, 1, 180000, "--streaming on needs pgoutput protocol version 2"),
+    ({"streaming": "parallel"}, 3, 150000, "--streaming parallel needs protocol version 4"),
+    ({"streaming": "maybe"}, 4, 180000, "--streaming must be off, on or parallel"),
+    ({"origin": "none"}, 3, 150000, "the origin option needs PostgreSQL 16 or later"),
+    ({"publications": []}, 4, 180000, "at least one --publication"),
+])
+def test_pgoutput_options_refused(kwargs: dict[str, Any], proto: int, server: int,
+                                  words: str) -> None:
+    with pytest.raises(SourceError, match=words):
+        pgoutput_options(config(**kwargs), proto, False, server)
+
+
+def test_two_phase_needs_protocol_3() -> None:
+    with pytest.raises(SourceError, match="needs pgoutput protocol version 3"):
+        pgoutput_options(config(streaming="off"), 2, True, 150000)
+
+
+def test_protocol_negotiation() -> None:
+    assert check_proto_version(None, 180000) == 4
+    assert check_proto_version(None, 150004) == 3
+    assert check_proto_version(None, 140010) == 2
+    assert check_proto_version(2, 180000) == 2
+    with pytest.raises(SourceError, match="PostgreSQL 15 speaks pgoutput protocol up to "
+                                          "version 3, not 4: use --proto-version 3"):
+        check_proto_version(4, 150000)
+    with pytest.raises(SourceError, match="not 0"):
+        check_proto_version(0, 180000)
+    with pytest.raises(SourceError, match="10 or later is needed"):
+        check_proto_version(None, 90600)
+
+
+CONNINFO = "host=db.example port=5433 user=app password=secret123 dbname=shop"
+
+
+def test_explain_connection_errors() -> None:
+    refused = explain(psycopg.OperationalError(
+        'connection failed: connection to server at "10.0.0.1", port 5433 failed: '
+        "Connection refused"), CONNINFO)
+    assert isinstance(refused, ConnectionLost)
+    assert str(refused).startswith("cannot connect to host=db.example port=5433 dbname=shop "
+                                   "user=app:")
+    lost = explain(psycopg.OperationalError(
+        "consuming input failed: server closed the connection unexpectedly"), CONNINFO)
+    assert isinstance(lost, ConnectionLost) and "lost" in str(lost)
+    assert isinstance(explain(ReplicationError("the server ended the replication stream"),
+                              CONNINFO), ConnectionLost)
+    # Refused at login: no retry can fix these.
+    for text, words in [
+        ("FATAL:  permission denied to start WAL sender", "ALTER ROLE app REPLICATION"),
+        ('FATAL:  password authentication failed for user "app" secret123', "PGPASSWORD"),
+        ('FATAL:  no pg_hba.conf entry for host "10.0.0.2"', "pg_hba.conf line"),
+        ('FATAL:  database "shop" does not exist', "Check the database and user names"),
+    ]:
+        error = explain(psycopg.OperationalError(
+            f'connection failed: connection to server at "10.0.0.1", port 5433 failed: {text}'),
+            CONNINFO)
+        assert type(error) is SourceError, text
+        assert words in str(error)
+        assert "secret123" not in str(error)
+
+
+def test_explain_server_errors() -> None:
+    shutdown = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+    assert isinstance(explain(shutdown, CONNINFO), ConnectionLost)
+    in_use = psycopg.errors.ObjectInUse('replication slot "s" is active for PID 42')
+    error = explain(in_use, CONNINFO, "s")
+    assert type(error) is SourceError and "Another consumer" in str(error)
+    missing = psycopg.errors.UndefinedObject('replication slot "s" does not exist')
+    assert "--create-slot" in str(explain(missing, CONNINFO, "s"))
+    denied = psycopg.errors.InsufficientPrivilege("permission denied to use replication slots")
+    assert "ALTER ROLE app REPLICATION" in str(explain(denied, CONNINFO, "s"))
+    gone = psycopg.errors.ObjectNotInPrerequisiteState(
+        'can no longer access replication slot "s"\nDETAIL:  This replication slot has been '
+        'invalidated due to "idle_timeout".')
+    assert "idle_replication_slot_timeout" in str(explain(gone, CONNINFO, "s"))
+    assert "pgdecode slot drop -S s" in str(explain(gone, CONNINFO, "s"))
+    other = explain(psycopg.errors.SyntaxError("oops secret123"), CONNINFO)
+    assert str(other) == "host=db.example port=5433 dbname=shop user=app: oops ********"
+
+
+# --- against a server ----------------------------------------------------------------------------
+
+
+def probe_pipeline(*plugins: Any, output: Any = None) -> tuple[Pipeline, list[MemoryOutput]]:
+    pipeline = Pipeline()
+    outputs = []
+    for plugin in plugins or (Probe(),):
+        out = output if output is not None else MemoryOutput()
+        outputs.append(out)
+        pipeline.add(plugin, output=out)
+    return pipeline, outputs
+
+
+def lines_of(output: MemoryOutput) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.lines]
+
+
+def run(source: Any) -> None:
+    try:
+        source.run()
+    finally:
+        source.pipeline.shutdown()
+
+
+SOURCES = pytest.mark.parametrize("kind", ["walsender", "sql"])
+
+
+def make_source(kind: str, cfg: SourceConfig, pipeline: Pipeline, **kwargs: Any) -> Any:
+    if kind == "sql":
+        return SqlSource(cfg, pipeline, poll_interval=0.2, **kwargs)
+    return WalsenderSource(cfg, pipeline, **kwargs)
+
+
+@SOURCES
+def test_source_to_endpos(db: Any, kind: str) -> None:
+    create_tables(db.conninfo)
+    create_slot(db.conninfo, f"{db.dbname}_s")
+    end = run_options_workload(db.conninfo)
+    pipeline, (out,) = probe_pipeline()
+    cfg = SourceConfig(db.conninfo, f"{db.dbname}_s", ["p1", "p2"], endpos=end,
+                       status_interval=0.5)
+    source = make_source(kind, cfg, pipeline)
+    run(source)
+    lines = lines_of(out)
+    assert applied_ids(lines, "t1") == table_ids(db.conninfo, "t1")
+    assert applied_ids(lines, "t2") == table_ids(db.conninfo, "t2")
+    assert source.progress.acked >= LSN(lines[-1]["end_lsn"])
+    assert confirmed_flush(db.conninfo, f"{db.dbname}_s") == source.progress.acked
+    assert pipeline.transactions >= 5 and source.progress.messages > BIG_ROWS
+
+
+@SOURCES
+def test_create_slot_is_init_and_temporary(db: Any, kind: str) -> None:
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_tmp"
+    pipeline, (out,) = probe_pipeline()
+    seen: dict[str, Any] = {}
+
+    def progress(_: Any) -> None:
+        seen.setdefault("slot", slot_row(db.conninfo, slot))
+
+    cfg = SourceConfig(db.conninfo, slot, ["p1"], create_slot=True, temporary_slot=True,
+                       status_interval=0.2)
+    source = make_source(kind, cfg, pipeline, on_progress=progress)
+    thread = threading.Thread(target=run, args=(source,))
+    thread.start()
+    try:
+        wait_for(lambda: "slot" in seen, what="a status update")
+        query(db.conninfo, "INSERT INTO t1 VALUES (1, 'a', 1)")
+        wait_for(lambda: out.records, what="the insert")
+    finally:
+        source.request_stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert seen["slot"]["temporary"]
+    assert [ln["is_init"] for ln in lines_of(out) if ln["cb"] == "begin"] == [True]
+    assert slot_row(db.conninfo, slot) is None  # gone with the session
+
+
+def test_temporary_slot_does_not_survive_a_reconnect(db: Any) -> None:
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_tmp"
+    pipeline, _ = probe_pipeline()
+    cfg = SourceConfig(db.conninfo, slot, ["p1"], create_slot=True, temporary_slot=True,
+                       status_interval=0.2, max_backoff=0.1)
+    streaming = threading.Event()
+    source = WalsenderSource(cfg, pipeline, on_progress=lambda _: streaming.set())
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run(source)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    try:
+        assert streaming.wait(60)
+        pid = slot_row(db.conninfo, slot)["active_pid"]  # type: ignore[index]
+        query(db.conninfo, "SELECT pg_terminate_backend(%s)", (pid,))
+        thread.join(60)
+    finally:
+        source.request_stop()
+        thread.join(60)
+    assert len(errors) == 1 and type(errors[0]) is SourceError
+    assert "temporary slot" in str(errors[0]) and "persistent slot" in str(errors[0])
+
+
+@SOURCES
+def test_request_stop_finishes_and_acknowledges(db: Any, kind: str) -> None:
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_stop"
+    create_slot(db.conninfo, slot)
+    pipeline, (out,) = probe_pipeline()
+    cfg = SourceConfig(db.conninfo, slot, ["p1", "p2"], status_interval=60)
+    source = make_source(kind, cfg, pipeline)
+    thread = threading.Thread(target=run, args=(source,))
+    thread.start()
+    try:
+        end = run_options_workload(db.conninfo)
+        wait_for(lambda: source.pipeline.position >= end or any(
+            json.loads(line).get("new", {}) == {"id": "3", "v": "tres"}
+            for line in out.lines), what="the whole workload")
+    finally:
+        source.request_stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    last_end = LSN(lines_of(out)[-1]["end_lsn"])
+    # Acknowledged at the stop, although the status interval is a minute.
+    assert confirmed_flush(db.conninfo, slot) >= last_end
+
+
+def test_walsender_reconnects_after_termination(db: Any) -> None:
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_rc"
+    create_slot(db.conninfo, slot)
+    pipeline, (out,) = probe_pipeline()
+    cfg = SourceConfig(db.conninfo, slot, ["p1", "p2"], status_interval=0.2, max_backoff=0.2)
+    source = WalsenderSource(cfg, pipeline)
+    thread = threading.Thread(target=run, args=(source,))
+    thread.start()
+    try:
+        pid = wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active_pid"))
+        run_options_workload(db.conninfo)
+        query(db.conninfo, "SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: source.progress.reconnects >= 1, what="a reconnect")
+        query(db.conninfo, "INSERT INTO t2 VALUES (100, 'after')")
+        end = current_lsn(db.conninfo)
+        wait_for(lambda: confirmed_flush(db.conninfo, slot) >= end, timeout=60)
+    finally:
+        source.request_stop()
+        thread.join(60)
+    lines = lines_of(out)
+    assert applied_ids(lines, "t1") == table_ids(db.conninfo, "t1")
+    assert applied_ids(lines, "t2") == table_ids(db.conninfo, "t2")
+
+
+def test_both_sources_deliver_the_same(db: Any) -> None:
+    create_tables(db.conninfo)
+    for name in ("a", "b"):
+        create_slot(db.conninfo, f"{db.dbname}_{name}")
+    end = run_options_workload(db.conninfo)
+    results = []
+    for kind, name in (("walsender", "a"), ("sql", "b")):
+        pipeline, (out,) = probe_pipeline(StreamProbe())
+        run(make_source(kind, SourceConfig(db.conninfo, f"{db.dbname}_{name}", ["p1", "p2"],
+                                           endpos=end), pipeline))
+        results.append([{k: v for k, v in ln.items() if k != "lsn" or ln["cb"] == "commit"}
+                        for ln in lines_of(out)])
+    assert results[0] == results[1]
+
+
+def test_sql_source_gets_past_a_transaction_larger_than_its_batch(db: Any) -> None:
+    """Streamed, a transaction larger than a peek's batch ends every peek unfinished; the
+    source reads further each time rather than peeking the same batch forever."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_big"
+    create_slot(db.conninfo, slot)
+    end = run_options_workload(db.conninfo)
+    pipeline, (out,) = probe_pipeline()
+    source = SqlSource(SourceConfig(db.conninfo, slot, ["p1", "p2"], endpos=end), pipeline,
+                       batch_changes=100, poll_interval=0.1)
+    run(source)
+    assert applied_ids(lines_of(out), "t1") == table_ids(db.conninfo, "t1")
+
+
+def test_sql_source_never_moves_the_slot_back(db: Any, tmp_path: Path) -> None:
+    """The slot's confirmed position passed what the output file holds (idle WAL was
+    acknowledged); the SQL source must not try to advance it to the file's position."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_back"
+    create_slot(db.conninfo, slot)
+    path = tmp_path / "out"
+    query(db.conninfo, "INSERT INTO t1 VALUES (100, 'a', 1)")
+    first = current_lsn(db.conninfo)
+    pipeline, _ = probe_pipeline(output=FileOutput(path))
+    run(WalsenderSource(SourceConfig(db.conninfo, slot, ["p1"], endpos=first), pipeline))
+    # (few rows: a large transaction would be streamed, and its empty Stream Commit
+    # recorded in the file)
+    query(db.conninfo, "INSERT INTO unpub SELECT generate_series(10, 20)")
+    idle = current_lsn(db.conninfo)
+    pipeline, _ = probe_pipeline(output=FileOutput(path))
+    run(WalsenderSource(SourceConfig(db.conninfo, slot, ["p1"], endpos=idle), pipeline))
+    assert confirmed_flush(db.conninfo, slot) >= idle
+    assert LSN(json.loads(Path(f"{path}.progress").read_text())["lsn"]) < idle
+    end = run_options_workload(db.conninfo)
+    pipeline, _ = probe_pipeline(output=FileOutput(path))
+    run(SqlSource(SourceConfig(db.conninfo, slot, ["p1"], endpos=end), pipeline,
+                  batch_changes=100, poll_interval=0.1))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert applied_ids(lines, "t1") == table_ids(db.conninfo, "t1")
+
+
+def test_unsupported_protocol_version_through_the_api(db: Any) -> None:
+    create_tables(db.conninfo)
+    create_slot(db.conninfo, f"{db.dbname}_v")
+    highest = 4 if db.major_version >= 16 else 3
+    for kind in ("walsender", "sql"):
+        pipeline, _ = probe_pipeline()
+        source = make_source(kind, SourceConfig(db.conninfo, f"{db.dbname}_v", ["p1"],
+                                                proto_version=highest + 1), pipeline)
+        with pytest.raises(SourceError, match=f"up to version {highest}, not {highest + 1}"):
+            run(source)
