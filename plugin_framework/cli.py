@@ -101,11 +101,18 @@ def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo:
         kwargs["catalog"] = Catalog(catalog_conninfo)
     pipeline = Pipeline(**kwargs)
     for name in emitters:
-        target = args.file_out
-        if len(emitters) > 1 and target != "-":
-            target = f"{target}.{name}"  # one file per emitter
-        pipeline.add(load_emitter(name, _allowlist(args)), options=options[name],
-                     output=FileOutput(target))
+        loaded = load_emitter(name, _allowlist(args))
+        # An emitter that delivers elsewhere (Spark) brings its own Output, which says when
+        # its work is durable; the others write to -f.
+        make_output = getattr(loaded.plugin, "make_output", None)
+        if callable(make_output):
+            output = make_output()
+        else:
+            target = args.file_out
+            if len(emitters) > 1 and target != "-":
+                target = f"{target}.{name}"  # one file per emitter
+            output = FileOutput(target)
+        pipeline.add(loaded, options=options[name], output=output)
     return pipeline
 
 
@@ -120,6 +127,11 @@ def source_config(args: argparse.Namespace) -> Any:
     if args.two_phase and not args.create_slot:
         raise UsageError("--two-phase may only be specified with --create-slot (two-phase "
                          "decoding is a property of the slot, set when it is created)")
+    if args.temporary and not args.create_slot:
+        raise UsageError("--temporary may only be specified with --create-slot")
+    if args.temporary and args.source != "walsender":
+        raise UsageError("--temporary needs --source walsender: a temporary slot lives as "
+                         "long as the replication connection that created it")
     try:
         endpos = LSN(args.endpos) if args.endpos else None
     except ValueError as exc:
@@ -129,7 +141,8 @@ def source_config(args: argparse.Namespace) -> Any:
         proto_version=args.proto_version, streaming=args.streaming,
         messages=not args.no_messages, binary=args.binary, origin=args.origin, endpos=endpos,
         status_interval=args.status_interval, create_slot=args.create_slot,
-        slot_two_phase=args.two_phase, reconnect=not args.no_reconnect,
+        slot_two_phase=args.two_phase, temporary_slot=args.temporary,
+        reconnect=not args.no_reconnect,
     )
 
 
@@ -384,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="create the slot first if it does not exist")
         p.add_argument("--two-phase", action="store_true",
                        help="with --create-slot: enable two-phase decoding on the slot")
+        p.add_argument("--temporary", action="store_true",
+                       help="with --create-slot: a temporary slot, dropped when the stream "
+                            "ends (it cannot survive a reconnect)")
         p.add_argument("-E", "--endpos", metavar="LSN",
                        help="stop once a transaction ending at or past LSN is processed")
         p.add_argument("--source", choices=("walsender", "sql"), default="walsender",

@@ -659,3 +659,26 @@ def test_no_reconnect(db: Any, env: dict[str, str], tmp_path: Path) -> None:
     text = log.read_text()
     assert "terminating connection due to administrator command" in text
     assert "reconnecting" not in text
+
+
+def test_create_temporary_slot(db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_temp"
+    out = tmp_path / "out"
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", slot, "--publication", "p1",
+                      "--emitter", "probe", "-f", str(out), "--create-slot", "--temporary",
+                      "--status-interval", "0.2"], env=env)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, slot), what="slot created")
+        row = slot_row(db.conninfo, slot)
+        assert row is not None and row["temporary"]
+        query(db.conninfo, "INSERT INTO t1 VALUES (1, 'a', 1)")
+        wait_for(lambda: out.exists() and out.stat().st_size > 0, what="output")
+    finally:
+        assert stop_process(proc) == 0
+    assert applied_ids(read_lines(out), "t1") == [1]
+    wait_for(lambda: slot_row(db.conninfo, slot) is None, what="temporary slot gone")
+    for bad in (["--temporary"], ["--create-slot", "--temporary", "--source", "sql"]):
+        result = run_cli(["stream", "-d", db.conninfo, "-S", slot, "--publication", "p1",
+                          *bad], env=env)
+        assert result.returncode == 2 and "--temporary" in result.stderr
