@@ -245,6 +245,13 @@ class Pipeline:
         durable = min((m.ctx.output.flush() for m in self.members), default=self._position)
         return self._cap(durable)
 
+    def drain(self) -> None:
+        """Ask outputs that batch (the Spark emitter's) to deliver what they hold now."""
+        for m in self.members:
+            drain = getattr(m.ctx.output, "drain", None)
+            if callable(drain):
+                drain()
+
     def safe_lsn(self) -> LSN:
         durable = min((m.ctx.output.durable_lsn for m in self.members), default=self._position)
         return self._cap(durable)

@@ -140,11 +140,14 @@ class SqlSource:
                     self._stop.set()
                     break
             full = len(rows) >= batch
+            if self._stop.is_set() and self.pipeline.at_boundary:
+                self.pipeline.drain()  # deliver what outputs still batch before acknowledging
             ack = self.pipeline.flush()
             # Everything up to flush_before was read, and handed to the pipeline: nothing
             # before it is left for us (and endpos did not stop us short of it).
             idle = not full and fed == len(rows) and not self.pipeline.in_flight
-            if idle and self.pipeline.at_boundary and flush_before > ack:
+            if (idle and self.pipeline.at_boundary and ack >= self.pipeline.position
+                    and flush_before > ack):
                 ack = flush_before
             # what was not finished is read again from the slot next time
             self.pipeline.reset()

@@ -381,6 +381,8 @@ class WalsenderSource:
                     if endpos is not None and message.wal_end >= endpos \
                             and pipeline.at_boundary and not pipeline.in_flight:
                         break
+            if pipeline.at_boundary:
+                pipeline.drain()  # deliver what outputs still batch, then acknowledge it
             self._send_status()
             try:
                 repl.end()
@@ -397,7 +399,9 @@ class WalsenderSource:
         if self.before_status is not None:
             self.before_status()
         ack = pipeline.flush()
-        if not pipeline.in_flight and pipeline.at_boundary and progress.server_end > ack:
+        # Idle: nothing in flight and every output durable as far as the pipeline got.
+        if (not pipeline.in_flight and pipeline.at_boundary and ack >= pipeline.position
+                and progress.server_end > ack):
             ack = progress.server_end
         if ack > progress.acked:
             progress.acked = ack

@@ -1,0 +1,296 @@
+"""Spark emitter benchmark: rows/s through the ``spark`` emitter (micro-batches built through
+Arrow into Spark DataFrames) against the ``json`` emitter (JSON lines to a file), on the same
+captured stream, in the same run.
+
+    /tmp/venv/bin/python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
+                                        [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
+
+Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
+inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
+boolean, text[], jsonb), captures the pgoutput messages (with their LSNs) through
+pg_logical_slot_peek_binary_changes, then times, best of --runs, a Pipeline fed with every
+message, from the first message to the end of shutdown (everything delivered):
+
+- json: the json emitter writing to a temporary file (FileOutput, fsynced at the end);
+- spark noop / count: the spark emitter with max-rows = each --batch-rows, creating each
+  batch's DataFrame (Arrow, into the JVM) and calling ``fn``: one that does nothing, one that
+  runs ``df.count()`` (a Spark job per batch);
+- spark parquet (with --parquet): ``fn`` = ChangeLogWriter, the change log appended to
+  Parquet.
+
+Spark runs as ``local[2]``; one warm-up batch goes first. It prints numbers and never judges
+them: no thresholds, exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from plugin_framework import LSN, FileOutput, Pipeline
+
+TABLE = "bench_orders"
+SLOT = "bench_spark"
+PUBLICATION = "bench_spark_pub"
+TX_INSERTS, TX_UPDATES, TX_DELETES = 800, 150, 50
+
+SCHEMA = f"""
+CREATE TABLE {TABLE} (
+    id bigint PRIMARY KEY,
+    name text,
+    amount numeric(12,2),
+    created timestamptz,
+    active boolean,
+    tags text[],
+    payload jsonb
+);
+CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};
+"""
+
+INSERT_ROWS = f"""
+INSERT INTO {TABLE}
+SELECT g,
+       'customer ' || left(md5(g::text), 6 + (g %% 20)::int),
+       (g %% 1000003) / 100.0,
+       timestamptz '2024-01-01 00:00:00+00' + g * interval '1.5 seconds',
+       g %% 3 <> 0,
+       CASE WHEN g %% 10 = 0 THEN NULL
+            ELSE ARRAY['tag' || g %% 7, 'a "quoted" tag', 'region-' || g %% 13] END,
+       CASE WHEN g %% 7 = 0 THEN NULL
+            ELSE jsonb_build_object('sku', 'SKU-' || g %% 997, 'qty', g %% 17,
+                                    'note', 'line with ''quotes'' and ünïcode', 'ok', g %% 2 = 0)
+       END
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+"""
+UPDATE_ROWS = f"""
+UPDATE {TABLE} SET amount = amount + 1.25, active = NOT active, name = name || ' (updated)'
+WHERE id BETWEEN %(first)s AND %(last)s
+"""
+DELETE_ROWS = f"DELETE FROM {TABLE} WHERE id BETWEEN %(first)s AND %(last)s"
+
+Frame = tuple[LSN, bytes]
+
+
+# --- capture ---------------------------------------------------------------------------------
+
+
+def choose_bindir(requested: str | None) -> Path:
+    from plugin_framework.sources.cluster import available_bindirs
+
+    if requested:
+        return Path(requested)
+    bindirs = available_bindirs()
+    if not bindirs:
+        raise SystemExit("no PostgreSQL server binaries found; pass --bindir")
+    return bindirs[0]
+
+
+def run_workload(conn: psycopg.Connection[Any], changes: int) -> None:
+    done = block = 0
+    while done < changes:
+        first = block * TX_INSERTS + 1
+        with conn.transaction():
+            inserts = min(TX_INSERTS, changes - done)
+            conn.execute(INSERT_ROWS, {"first": first, "last": first + inserts - 1})
+            done += inserts
+            previous = first - TX_INSERTS
+            updates = min(TX_UPDATES, changes - done) if block else 0
+            if updates:
+                conn.execute(UPDATE_ROWS, {"first": previous, "last": previous + updates - 1})
+                done += updates
+            deletes = min(TX_DELETES, changes - done) if block else 0
+            if deletes:
+                last = previous + TX_INSERTS - 1
+                conn.execute(DELETE_ROWS, {"first": last - deletes + 1, "last": last})
+                done += deletes
+        block += 1
+
+
+def capture(bindir: Path, changes: int) -> tuple[list[Frame], int]:
+    """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16)."""
+    from plugin_framework.sources.cluster import LocalCluster
+
+    cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
+    try:
+        cluster.start()
+        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+            version = conn.info.server_version
+            proto = 4 if version >= 160000 else 3
+            conn.execute(SCHEMA)
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [SLOT])
+            print(f"server {version} ({bindir}); running {changes:,} changes ...", flush=True)
+            conn.execute("SET synchronous_commit = on")
+            started = time.perf_counter()
+            run_workload(conn, changes)
+            print(f"  workload {time.perf_counter() - started:.1f} s", flush=True)
+            rows = conn.execute(
+                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+                "'proto_version', %s, 'publication_names', %s)",
+                [SLOT, str(proto), PUBLICATION]).fetchall()
+        return [(LSN(lsn), bytes(data)) for lsn, data in rows], proto
+    finally:
+        cluster.cleanup()
+
+
+_HEAD = struct.Struct(">BQI")  # protocol version (first frame only), lsn, length
+
+
+def save_frames(path: Path, frames: Sequence[Frame], proto: int) -> None:
+    with path.open("wb") as out:
+        out.write(bytes([proto]))
+        for lsn, data in frames:
+            out.write(struct.pack(">QI", lsn, len(data)))
+            out.write(data)
+
+
+def load_frames(path: Path) -> tuple[list[Frame], int]:
+    raw = path.read_bytes()
+    proto, pos, frames = raw[0], 1, []
+    while pos < len(raw):
+        lsn, size = struct.unpack_from(">QI", raw, pos)
+        pos += 12
+        frames.append((LSN(lsn), raw[pos:pos + size]))
+        pos += size
+    return frames, proto
+
+
+# --- the runs -----------------------------------------------------------------------------------
+
+
+def feed(pipeline: Pipeline, frames: Sequence[Frame], proto: int) -> float:
+    gc.collect()
+    started = time.perf_counter()
+    pipeline.set_proto_version(proto)
+    pipeline.startup()
+    for lsn, data in frames:
+        pipeline.feed(data, lsn)
+    pipeline.shutdown()
+    return time.perf_counter() - started
+
+
+def run_json(frames: Sequence[Frame], proto: int, work: Path) -> float:
+    from emitters.json import JsonEmitter
+
+    target = work / "changes.jsonl"
+    target.unlink(missing_ok=True)
+    target.with_name(target.name + ".progress").unlink(missing_ok=True)
+    pipeline = Pipeline()
+    pipeline.add(JsonEmitter(), output=FileOutput(str(target)))
+    return feed(pipeline, frames, proto)
+
+
+def run_spark(frames: Sequence[Frame], proto: int, work: Path, spark: Any, batch_rows: int,
+              fn: Callable[[Any, int], Any]) -> tuple[float, int]:
+    from plugin_framework.spark import ForeachBatchPlugin
+
+    checkpoint = work / "checkpoint"
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(checkpoint),
+                                max_rows=batch_rows, max_bytes=1 << 40, max_delay=1e9)
+    pipeline = Pipeline()
+    pipeline.add(plugin, output=plugin.make_output())
+    return feed(pipeline, frames, proto), plugin.batches
+
+
+def session() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("pgdecode-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--changes", type=int, default=200_000,
+                        help="changes in the workload (default 200000)")
+    parser.add_argument("--batch-rows", default="10000,50000",
+                        help="spark max-rows values to time (default 10000,50000)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each (best of)")
+    parser.add_argument("--bindir", help="PostgreSQL bin directory (default: the first found)")
+    parser.add_argument("--out", type=Path, help="also save the capture to this file")
+    parser.add_argument("--load", type=Path, help="use a capture saved with --out")
+    parser.add_argument("--parquet", action="store_true",
+                        help="also time fn = ChangeLogWriter (Parquet)")
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.batch_rows.split(",") if x.strip()]
+
+    print(f"Python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
+          f"{os.cpu_count()} CPUs")
+    if args.load:
+        frames, proto = load_frames(args.load)
+        print(f"loaded {args.load}")
+    else:
+        frames, proto = capture(choose_bindir(args.bindir), args.changes)
+        if args.out:
+            save_frames(args.out, frames, proto)
+    kinds = Counter(chr(data[0]) for _, data in frames)
+    changes = kinds["I"] + kinds["U"] + kinds["D"]
+    print(f"messages: {len(frames):,} (protocol {proto}), changes: {changes:,}")
+
+    work = Path(tempfile.mkdtemp(prefix="pgdecode-bench-spark"))
+    try:
+        started = time.perf_counter()
+        spark = session()
+        print(f"spark {spark.version} session in {time.perf_counter() - started:.1f} s")
+        from plugin_framework.spark import ChangeLogWriter
+
+        warm = frames[:min(len(frames), 3000)]
+        run_spark(warm, proto, work, spark, 1000, lambda df, i: df.count())
+        run_json(warm, proto, work)
+
+        results: list[tuple[str, float, int]] = []
+
+        def best(name: str, run: Callable[[], tuple[float, int]]) -> None:
+            times, batches = [], 0
+            for _ in range(args.runs):
+                seconds, batches = run()
+                times.append(seconds)
+            results.append((name, min(times), batches))
+            print(f"  {name:<24} {min(times):7.2f} s  {changes / min(times):>10,.0f} rows/s",
+                  flush=True)
+
+        print(f"timing (best of {args.runs}):")
+        best("json", lambda: (run_json(frames, proto, work), 0))
+        for size in sizes:
+            best(f"spark noop  {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: None))
+            best(f"spark count {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: df.count()))
+            if args.parquet:
+                def parquet(s: int = size) -> tuple[float, int]:
+                    shutil.rmtree(work / "log", ignore_errors=True)
+                    return run_spark(frames, proto, work, spark, s,
+                                     ChangeLogWriter(str(work / "log")))
+                best(f"spark parquet {size:>5,}", parquet)
+        json_seconds = results[0][1]
+        print()
+        print(f"{'path':<24} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")
+        for name, seconds, batches in results:
+            print(f"{name:<24} {seconds:8.2f} {changes / seconds:>10,.0f} "
+                  f"{batches if batches else '-':>8} {json_seconds / seconds:>7.0%}")
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

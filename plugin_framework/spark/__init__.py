@@ -1,0 +1,38 @@
+"""pgdecode on Spark: two ways in, one change schema (docs/spark.md).
+
+- foreachBatch: ``ForeachBatchStream`` (Python API) or the ``spark`` emitter (command line)
+  group committed transactions into micro-batches and call ``fn(batch_df, batch_id)``, with
+  exactly-once delivery through a checkpoint directory;
+- Structured Streaming: ``spark.readStream.format("pgoutput")`` after
+  ``spark.dataSource.register(PgoutputDataSource)``.
+
+Helpers: ``split_tables`` (typed per-table DataFrames), ``ChangeLogWriter`` and
+``TableStateWriter`` (ready-made idempotent foreachBatch functions), ``read_state``.
+PySpark is imported only when something needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugin_framework.spark.batcher import ForeachBatchPlugin, MicroBatchOutput
+from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
+from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
+from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter, read_state, state_path
+from plugin_framework.spark.stream import ForeachBatchStream
+from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
+
+__all__ = [
+    "CHANGE_COLUMNS", "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
+    "ForeachBatchPlugin", "ForeachBatchStream", "MicroBatchOutput", "PgoutputDataSource",
+    "TableInfo", "TableStateWriter", "arrow_schema", "change_schema", "lsn_text",
+    "read_state", "spark_type", "split_tables", "state_path", "table_infos",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PgoutputDataSource":  # imports pyspark.sql.datasource
+        from plugin_framework.spark.source import PgoutputDataSource
+
+        return PgoutputDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,331 @@
+"""Micro-batches of committed transactions for a ``foreachBatch`` function.
+
+``ForeachBatchPlugin`` is an output plugin that collects the rows of committed transactions
+(``plugin_framework.spark.changes``) and, when a batch is full (rows, bytes) or old enough
+(time), turns it into a Spark DataFrame through Arrow and calls ``fn(batch_df, batch_id)``,
+exactly as ``DataStreamWriter.foreachBatch`` would.
+
+Delivery is exactly-once for an idempotent ``fn``:
+
+- a batch never splits a transaction, and holds only committed ones: prepared transactions
+  wait (in memory) for COMMIT PREPARED and are dropped at ROLLBACK PREPARED;
+- the checkpoint records each batch's id and LSN range before ``fn`` runs and its completion
+  after (``plugin_framework.spark.checkpoint``);
+- the plugin's Output (``make_output()``) reports as durable only what ``fn`` has finished
+  and never passes the PREPARE of an undecided transaction, so the slot keeps everything
+  else; after a crash, the unfinished batch is rebuilt from the re-sent stream with the same
+  id and exactly the same transactions, and transactions already delivered are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from plugin_framework import LSN, OutputPlugin
+from plugin_framework.framework import OutputError, OutputRecord
+from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+from plugin_framework.spark.checkpoint import BatchRange, Checkpoint
+
+log = logging.getLogger("pgdecode.spark")
+
+BatchFunction = Callable[[Any, int], Any]
+
+DEFAULT_MAX_ROWS = 10_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_DELAY = 5.0
+
+
+class MicroBatchOutput:
+    """The Output of a ForeachBatchPlugin: durable up to what ``fn`` has finished."""
+
+    def __init__(self, plugin: ForeachBatchPlugin) -> None:
+        self.plugin = plugin
+        self.durable_lsn = LSN(0)
+
+    def write(self, record: OutputRecord) -> None:
+        raise OutputError("the spark emitter delivers DataFrames; it has nothing to write")
+
+    def mark(self, lsn: LSN) -> None:
+        self.plugin._on_mark(lsn)
+
+    def flush(self) -> LSN:
+        self.durable_lsn = self.plugin._on_flush()
+        return self.durable_lsn
+
+    def drain(self) -> None:
+        """Deliver the batch being filled now (a source calls this before its last status
+        update, so that the acknowledgement covers it)."""
+        self.plugin.drain()
+
+    def close(self) -> None:
+        self.plugin._on_close()
+
+
+class _Current:
+    """The transaction being received: where its rows go, and how to take them back."""
+
+    __slots__ = ("builder", "index", "mark")
+
+    def __init__(self, builder: ChangeBuilder, index: int, mark: Any) -> None:
+        self.builder = builder
+        self.index = index
+        self.mark = mark
+
+
+class ForeachBatchPlugin(OutputPlugin):
+    """Calls ``fn(batch_df, batch_id)`` with micro-batches of committed changes.
+
+    ``fn`` may be one function or several (``sinks`` run first, in order, then ``fn``). The
+    Spark session is ``spark``, else the active one, else ``SparkSession.builder``'s.
+    """
+
+    name = "spark"
+
+    def __init__(self, fn: BatchFunction | None = None, *, spark: Any = None,
+                 checkpoint: str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
+                 max_bytes: int = DEFAULT_MAX_BYTES, max_delay: float = DEFAULT_MAX_DELAY,
+                 sinks: Sequence[BatchFunction] = ()) -> None:
+        self.fn = fn
+        self.sinks = list(sinks)
+        self.spark = spark
+        self.checkpoint_dir = checkpoint
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.max_delay = max_delay
+        self.output = MicroBatchOutput(self)
+        self.batches = 0  # delivered by this process
+        self.rows_delivered = 0
+        self.last_batch: BatchRange | None = None
+        self._ready = False
+        self._failed = False
+
+    def make_output(self) -> MicroBatchOutput:
+        """The Output to give this plugin in ``Pipeline.add(..., output=...)``."""
+        return self.output
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def configure(self, ctx: Any) -> None:
+        """Read options from ``ctx.output_plugin_options`` (the emitter does; the Python API
+        passes everything to the constructor)."""
+        if ctx.output_plugin_options:
+            name = next(iter(ctx.output_plugin_options))
+            raise ValueError(f'option "{name}" is unknown: pass settings to the constructor')
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        self.configure(ctx)
+        if ctx.output is not self.output:
+            raise OutputError(
+                "the spark emitter needs its own output: add it to the pipeline with "
+                "output=plugin.make_output() (its durable LSN follows the finished batches)"
+            )
+        if self.checkpoint_dir is None:
+            raise ValueError("a checkpoint directory is required (option checkpoint=DIR)")
+        if self.fn is None and not self.sinks:
+            raise ValueError("nothing to call: give a foreachBatch function or a sink")
+        if self.max_rows < 1 or self.max_bytes < 1 or self.max_delay < 0:
+            raise ValueError("max-rows and max-bytes must be positive, max-delay not negative")
+        self.plans = PlanCache(ctx.catalog)
+        self.batch = ChangeBuilder(self.plans)
+        self.checkpoint = Checkpoint(self.checkpoint_dir, ctx.slot_name)
+        pending = self.checkpoint.pending
+        last = self.checkpoint.last_committed
+        self.replay: BatchRange | None = pending
+        # Transactions ending at or before this were delivered by an earlier run.
+        self.committed_end = pending.start if pending is not None else self.checkpoint.delivered
+        # What the slot may forget: never more than was safe when the last batch finished.
+        self.delivered = LSN(self.checkpoint.acked if last is not None else 0)
+        self.marked = self.delivered
+        self.pending: dict[str, tuple[ChangeBuilder, int, LSN]] = {}
+        self._cur: _Current | None = None
+        self._batch_txns = 0
+        self._batch_end = LSN(0)
+        self._batch_since: float | None = None
+        if pending is not None:
+            log.info("batch %d (%s to %s) was not finished: delivering it again",
+                     pending.batch_id, pending.start, pending.end)
+        if self.spark is None:
+            self.spark = _session()
+        self._schema = change_schema()
+        self._ready = True
+
+    # --- transactions -----------------------------------------------------------------------
+
+    def _open(self, builder: ChangeBuilder, xid: int) -> _Current:
+        if self._cur is not None:
+            # a transaction cut short by a lost connection: the server sends it again
+            self._cur.builder.rollback(self._cur.mark)
+        mark = builder.mark()
+        self._cur = _Current(builder, builder.open_txn(xid), mark)
+        return self._cur
+
+    def begin(self, ctx: Any, txn: Any) -> None:
+        replay = self.replay
+        if replay is not None and txn.final_lsn is not None and txn.final_lsn >= replay.end:
+            self._emit()  # everything of the batch being delivered again has arrived
+        self._open(self.batch, txn.xid)
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        cur = self._cur
+        assert cur is not None
+        cur.builder.add_change(cur.index, change)
+
+    def truncate(self, ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+        cur = self._cur
+        assert cur is not None
+        cur.builder.add_truncate(cur.index, relations, change.lsn)
+
+    def commit(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
+        cur = self._cur
+        assert cur is not None
+        self._cur = None
+        end = LSN(txn.end_lsn)
+        if end <= self.committed_end or cur.builder.txn_rows(cur.index) == 0:
+            cur.builder.rollback(cur.mark)  # delivered before, or nothing to deliver
+        else:
+            cur.builder.close_txn(cur.index, txn, commit_lsn)
+            self._added(end)
+        self._after(end)
+
+    def begin_prepare(self, ctx: Any, txn: Any) -> None:
+        self._open(ChangeBuilder(self.plans), txn.xid)
+
+    def prepare(self, ctx: Any, txn: Any, prepare_lsn: LSN) -> None:
+        cur = self._cur
+        assert cur is not None
+        self._cur = None
+        self.pending[txn.gid] = (cur.builder, cur.index, LSN(prepare_lsn))
+
+    def commit_prepared(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
+        entry = self.pending.pop(txn.gid, None)
+        end = LSN(txn.end_lsn)
+        if entry is None:
+            if end > self.committed_end:
+                log.warning('COMMIT PREPARED of "%s", whose PREPARE was never received: its '
+                            "changes cannot be delivered", txn.gid)
+            return
+        builder, index, _ = entry
+        if end <= self.committed_end:
+            return
+        replay = self.replay
+        if replay is not None and commit_lsn >= replay.end:
+            self._emit()
+        if builder.txn_rows(index):
+            builder.close_txn(index, txn, commit_lsn)
+            self.batch.extend(builder)
+            self._added(end)
+        self._after(end)
+
+    def rollback_prepared(self, ctx: Any, txn: Any, prepare_end_lsn: LSN,
+                          prepare_time: Any) -> None:
+        self.pending.pop(txn.gid, None)
+
+    def shutdown(self, ctx: Any) -> None:
+        self.drain()
+
+    def drain(self) -> None:
+        """Deliver the batch being filled now, whatever its size and age (at a stop)."""
+        if (self._ready and not self._failed and self._cur is None and self.replay is None
+                and self.batch.rows):
+            self._emit()
+            self.delivered = max(self.delivered, self.marked)
+
+    # --- batching ---------------------------------------------------------------------------
+
+    def _added(self, end: LSN) -> None:
+        self._batch_txns += 1
+        self._batch_end = end
+        if self._batch_since is None:
+            self._batch_since = time.monotonic()
+
+    def _after(self, end: LSN) -> None:
+        replay = self.replay
+        if replay is not None:
+            if end >= replay.end:
+                self._emit()
+            return
+        batch = self.batch
+        if batch.rows and (batch.rows >= self.max_rows or batch.nbytes >= self.max_bytes
+                           or self._due()):
+            self._emit()
+
+    def _due(self) -> bool:
+        since = self._batch_since
+        return since is not None and time.monotonic() - since >= self.max_delay
+
+    def _emit(self) -> None:
+        batch = self.batch
+        replay = self.replay
+        if replay is not None:
+            if batch.rows != replay.rows or self._batch_end != replay.end:
+                log.warning("batch %d delivered again with %d rows up to %s; it had %d rows up "
+                            "to %s", replay.batch_id, batch.rows, self._batch_end, replay.rows,
+                            replay.end)
+            if not batch.rows:
+                # nothing of it came back (it cannot be rebuilt): record it finished as it was
+                self.checkpoint.commit(replay, self._durable(replay.end))
+                self.replay = None
+                self.committed_end = max(self.committed_end, replay.end)
+                return
+            br = BatchRange(replay.batch_id, replay.start, self._batch_end, batch.rows,
+                            self._batch_txns)
+        else:
+            if not batch.rows:
+                return
+            br = BatchRange(self.checkpoint.next_batch_id, self.committed_end, self._batch_end,
+                            batch.rows, self._batch_txns)
+            self.checkpoint.begin(br)
+        started = time.monotonic()
+        self._failed = True  # until fn returns: nothing more is delivered by this process
+        df = self.spark.createDataFrame(batch.to_arrow(), self._schema)
+        for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
+            fn(df, br.batch_id)
+        self._failed = False
+        self.committed_end = br.end
+        self.delivered = max(self.delivered, br.end)
+        self.checkpoint.commit(br, self._durable(br.end))
+        self.replay = None
+        self.batches += 1
+        self.rows_delivered += br.rows
+        self.last_batch = br
+        batch.clear()
+        self._batch_txns = 0
+        self._batch_since = None
+        log.info("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
+                 br.rows, br.transactions, br.start, br.end, time.monotonic() - started)
+
+    def _durable(self, lsn: LSN) -> LSN:
+        """``lsn``, held back to the PREPARE of the oldest undecided prepared transaction
+        (the server must send it again, since only this process has its rows)."""
+        for _, _, prepare_lsn in self.pending.values():
+            lsn = min(lsn, prepare_lsn)
+        return lsn
+
+    # --- the output's side ------------------------------------------------------------------
+
+    def _on_mark(self, lsn: LSN) -> None:
+        if lsn > self.marked:
+            self.marked = lsn
+        if not self.batch.rows and self._cur is None and lsn > self.delivered:
+            self.delivered = lsn  # everything up to here is delivered or had no rows
+
+    def _on_flush(self) -> LSN:
+        if (self._ready and not self._failed and self._cur is None and self.replay is None
+                and self.batch.rows and self._due()):
+            self._emit()
+            if not self.batch.rows:
+                self.delivered = max(self.delivered, self.marked)
+        return self._durable(self.delivered)
+
+    def _on_close(self) -> None:
+        pass
+
+
+def _session() -> Any:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    return active if active is not None else SparkSession.builder.getOrCreate()

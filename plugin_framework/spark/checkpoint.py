@@ -1,0 +1,172 @@
+"""The spark emitter's checkpoint: which batch id covers which LSN range, and which batches
+``fn`` has finished.
+
+Laid out as Structured Streaming's own checkpoints are::
+
+    CHECKPOINT/metadata        {"version": 1, "slot": ..., "created": ...}
+    CHECKPOINT/offsets/17      {"batch_id": 17, "start": "0/1A2B3C8", "end": "0/1A9F000", ...}
+    CHECKPOINT/commits/17      {"batch_id": 17, "end": "0/1A9F000", ...}
+
+``offsets/N`` is written (and fsynced) before ``fn`` is called for batch N, ``commits/N`` after
+it returned. A batch is the committed transactions whose end LSN lies in (start, end]; the
+slot is acknowledged only up to the end of the last committed batch. After a crash, a batch
+with an offsets file but no commits file is delivered again, with the same id and the same
+transactions. Only the newest ``RETAIN`` entries of each are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from plugin_framework import LSN
+
+RETAIN = 100
+
+
+class CheckpointError(Exception):
+    """The checkpoint directory is damaged or belongs to another slot."""
+
+
+@dataclass(frozen=True)
+class BatchRange:
+    batch_id: int
+    start: LSN
+    end: LSN
+    rows: int = 0
+    transactions: int = 0
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc}); the checkpoint is damaged") \
+            from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a checkpoint entry")
+    return data
+
+
+def _ids(directory: Path) -> list[int]:
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+class Checkpoint:
+    """The batch log of one emitter."""
+
+    def __init__(self, directory: str | os.PathLike[str], slot: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.offsets = self.directory / "offsets"
+        self.commits = self.directory / "commits"
+        self.offsets.mkdir(parents=True, exist_ok=True)
+        self.commits.mkdir(parents=True, exist_ok=True)
+        meta = self.directory / "metadata"
+        if meta.exists():
+            recorded = _read(meta).get("slot")
+            if slot is not None and recorded is not None and recorded != slot:
+                raise CheckpointError(
+                    f'checkpoint {self.directory} belongs to slot "{recorded}", not "{slot}": '
+                    "each slot needs a checkpoint directory of its own"
+                )
+        else:
+            _write_atomic(meta, {"version": 1, "slot": slot,
+                                 "created": datetime.now(UTC).isoformat()})
+        self.last_committed: BatchRange | None = None
+        self.pending: BatchRange | None = None
+        self.acked = LSN(0)  # the ack recorded with the last committed batch
+        self._load()
+
+    def _entry(self, batch_id: int) -> BatchRange:
+        data = _read(self.offsets / str(batch_id))
+        try:
+            return BatchRange(int(data["batch_id"]), LSN(data["start"]), LSN(data["end"]),
+                              int(data.get("rows", 0)), int(data.get("transactions", 0)))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"{self.offsets / str(batch_id)} is damaged ({exc})") \
+                from None
+
+    def _load(self) -> None:
+        offsets = _ids(self.offsets)
+        commits = _ids(self.commits)
+        if not offsets:
+            return
+        latest = offsets[-1]
+        if commits and commits[-1] > latest:
+            raise CheckpointError(f"{self.directory}: commit {commits[-1]} has no offsets entry")
+        if not commits or commits[-1] != latest:
+            self.pending = self._entry(latest)
+        if commits and commits[-1] >= latest - 1:
+            self.last_committed = self._entry(commits[-1])
+            data = _read(self.commits / str(commits[-1]))
+            try:
+                self.acked = LSN(data.get("ack", data["end"]))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise CheckpointError(f"{self.commits / str(commits[-1])} is damaged ({exc})") \
+                    from None
+
+    @property
+    def next_batch_id(self) -> int:
+        if self.pending is not None:
+            return self.pending.batch_id
+        return 0 if self.last_committed is None else self.last_committed.batch_id + 1
+
+    @property
+    def delivered(self) -> LSN:
+        """The end of the last batch ``fn`` finished: transactions ending at or before it were
+        delivered."""
+        return LSN(0) if self.last_committed is None else self.last_committed.end
+
+    def begin(self, batch: BatchRange) -> None:
+        """Record a batch before ``fn`` sees it."""
+        _write_atomic(self.offsets / str(batch.batch_id), {
+            "batch_id": batch.batch_id, "start": str(batch.start), "end": str(batch.end),
+            "rows": batch.rows, "transactions": batch.transactions,
+            "created": datetime.now(UTC).isoformat(),
+        })
+        self.pending = batch
+
+    def commit(self, batch: BatchRange, ack: LSN | None = None) -> None:
+        """Record that ``fn`` returned for a batch, and how far the slot may then be
+        acknowledged (``ack``: the batch's end, or less while a prepared transaction before it
+        is undecided)."""
+        ack = batch.end if ack is None else ack
+        _write_atomic(self.commits / str(batch.batch_id), {
+            "batch_id": batch.batch_id, "end": str(batch.end), "ack": str(ack),
+            "committed": datetime.now(UTC).isoformat(),
+        })
+        self.last_committed = batch
+        self.acked = ack
+        self.pending = None
+        self._purge(batch.batch_id)
+
+    def _purge(self, newest: int) -> None:
+        for directory in (self.offsets, self.commits):
+            for batch_id in _ids(directory):
+                if batch_id <= newest - RETAIN:
+                    (directory / str(batch_id)).unlink(missing_ok=True)
+                else:
+                    break
+
+    def history(self) -> list[BatchRange]:
+        """Committed batches still on record, oldest first."""
+        done = set(_ids(self.commits))
+        return [self._entry(i) for i in _ids(self.offsets) if i in done]

@@ -1,0 +1,416 @@
+"""The ``pgoutput`` data source for Spark (PySpark's Python Data Source API).
+
+    spark.dataSource.register(PgoutputDataSource)
+    changes = (spark.readStream.format("pgoutput")
+               .option("dsn", "host=db dbname=app").option("slot", "lake")
+               .option("publication", "lake_pub").load())
+    changes.writeStream.foreachBatch(fn).option("checkpointLocation", ...).start()
+
+Rows have the change schema of ``plugin_framework.spark.changes``. Offsets are LSNs,
+``{"lsn": "X/X", "ack": "X/X"}``: a batch holds the committed transactions whose commit
+record ends in (start.lsn, end.lsn]; ``commit(end)`` advances the slot to ``end.ack`` (the
+batch's end, or the PREPARE of an older prepared transaction still undecided, which the slot
+must send again). Nothing is consumed before Spark commits a batch, so a batch planned again
+after a failure is read again from the slot, the same transactions.
+
+Everything that talks to the server runs in the reader's driver-side methods: the reader
+peeks at the slot through the SQL interface (``pg_logical_slot_peek_binary_changes``), runs
+the stream through a pgdecode Pipeline (prepared transactions are held until COMMIT
+PREPARED, streamed ones reassembled, rolled back ones dropped), and ships each batch's rows
+to the executors inside its input partitions, as Arrow IPC.
+
+Options: ``dsn``, ``slot``, ``publication`` (comma-separated), ``createSlot`` (false; creates
+a two-phase slot, so that prepared transactions keep their gid), ``maxChangesPerBatch``
+(100000; Spark's read limit), ``rowsPerPartition`` (50000), ``idleAdvanceBytes`` (16 MB: how
+much WAL without changes for us lets an empty batch move the slot on), ``protoVersion``,
+``streaming`` (on).
+
+``spark.read.format("pgoutput")`` reads what the slot holds now without consuming it (a
+peek), with the same options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
+from plugin_framework.sources.errors import explain
+from plugin_framework.sources.slots import create_slot, list_slots
+from plugin_framework.sources.walsender import (
+    SourceConfig,
+    highest_proto_version,
+    pgoutput_options,
+)
+from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = ["PgoutputDataSource", "SourceOptions", "decode_slot"]
+
+
+class SourceOptionError(ValueError):
+    pass
+
+
+def _bool(text: str | None, default: bool) -> bool:
+    if text is None:
+        return default
+    value = text.strip().lower()
+    if value in ("true", "on", "yes", "1"):
+        return True
+    if value in ("false", "off", "no", "0"):
+        return False
+    raise SourceOptionError(f"expected true or false, not {text!r}")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    dsn: str
+    slot: str
+    publications: tuple[str, ...]
+    create_slot: bool = False
+    max_changes: int | None = 100_000
+    rows_per_partition: int = 50_000
+    idle_advance_bytes: int = 16 * 1024 * 1024
+    proto_version: int | None = None
+    streaming: str = "on"
+
+    @classmethod
+    def parse(cls, options: Any) -> SourceOptions:
+        def get(name: str) -> str | None:
+            value = options.get(name)
+            return None if value is None else str(value)
+
+        dsn, slot, pubs = get("dsn"), get("slot"), get("publication")
+        if not slot:
+            raise SourceOptionError('the pgoutput source needs .option("slot", ...)')
+        if not pubs:
+            raise SourceOptionError('the pgoutput source needs .option("publication", ...)')
+        max_changes = get("maxChangesPerBatch")
+        proto = get("protoVersion")
+        try:
+            return cls(
+                dsn=dsn or "", slot=slot,
+                publications=tuple(p.strip() for p in pubs.split(",") if p.strip()),
+                create_slot=_bool(get("createSlot"), False),
+                max_changes=(100_000 if max_changes is None
+                             else int(max_changes) if int(max_changes) > 0 else None),
+                rows_per_partition=int(get("rowsPerPartition") or 50_000),
+                idle_advance_bytes=int(get("idleAdvanceBytes") or 16 * 1024 * 1024),
+                proto_version=int(proto) if proto else None,
+                streaming=(get("streaming") or "on").lower(),
+            )
+        except ValueError as exc:
+            raise SourceOptionError(f"bad pgoutput source option: {exc}") from None
+
+
+# --- decoding a range of the slot ------------------------------------------------------------
+
+
+class _Collector(OutputPlugin):
+    """Collects the rows of the committed transactions ending in (start, end]."""
+
+    name = "pgoutput-source"
+
+    def __init__(self, builder: ChangeBuilder, start: LSN, end: LSN | None,
+                 limit: int | None) -> None:
+        self.builder = builder
+        self.start = start
+        self.end = end
+        self.limit = limit
+        self.last_end: LSN | None = None
+        self.full = False
+        self.done = False  # the transaction ending at ``end`` was seen
+        self._cur: tuple[int, Any] | None = None
+
+    def begin(self, ctx: Any, txn: Any) -> None:
+        if self._cur is not None:
+            self.builder.rollback(self._cur[1])
+        mark = self.builder.mark()
+        self._cur = (self.builder.open_txn(txn.xid), mark)
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        assert self._cur is not None
+        self.builder.add_change(self._cur[0], change)
+
+    def truncate(self, ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+        assert self._cur is not None
+        self.builder.add_truncate(self._cur[0], relations, change.lsn)
+
+    def commit(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
+        assert self._cur is not None
+        index, mark = self._cur
+        self._cur = None
+        end = LSN(txn.end_lsn)
+        if self.end is not None and end >= self.end:
+            self.done = True
+        if (end <= self.start or (self.end is not None and end > self.end) or self.full
+                or not self.builder.txn_rows(index)):
+            self.builder.rollback(mark)
+            return
+        self.builder.close_txn(index, txn, commit_lsn)
+        self.last_end = end
+        if self.limit is not None and self.builder.rows >= self.limit:
+            self.full = True
+
+
+@dataclass
+class Decoded:
+    table: pa.Table | None  # None: no rows
+    rows: int
+    end: LSN | None  # end of the last transaction with rows
+    ack: LSN  # how far the slot may be advanced once these rows are processed
+    idle_end: LSN | None  # no rows, nothing in flight: the WAL flush position read up to
+
+
+def _connect(opts: SourceOptions) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(opts.dsn)
+    except psycopg.Error as exc:
+        raise explain(exc, opts.dsn, opts.slot) from None
+
+
+def slot_position(opts: SourceOptions) -> LSN:
+    """The slot's confirmed position (creating the slot first if asked to)."""
+    with _connect(opts) as conn:
+        conn.autocommit = True
+        if opts.create_slot:
+            create_slot(conn, opts.slot, two_phase=True, if_not_exists=True)
+        slots = list_slots(conn, opts.slot)
+        if not slots:
+            raise SourceOptionError(
+                f'replication slot "{opts.slot}" does not exist: create it (pgdecode slot '
+                f'create -S {opts.slot} --two-phase) or set .option("createSlot", "true")')
+        return slots[0].confirmed_flush_lsn or LSN(0)
+
+
+def flush_position(opts: SourceOptions) -> LSN:
+    with _connect(opts) as conn:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        assert row is not None
+        return LSN(row[0])
+
+
+def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
+                limit: int | None = None, upto: LSN | None = None) -> Decoded:
+    """Peek at the slot and collect the committed transactions ending after ``start``: up to
+    and including ``end`` if given (a batch read again), else as many whole transactions as
+    make ``limit`` rows, up to the WAL flushed at ``upto`` (default: now)."""
+    nchanges = None if limit is None or end is not None else max(4 * limit, 10_000)
+    while True:
+        decoded, truncated = _peek(opts, start, end, limit, upto, nchanges)
+        if decoded is not None:
+            return decoded
+        assert truncated and nchanges is not None
+        nchanges *= 4  # a transaction larger than what was asked for: ask for more
+
+
+def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
+          upto: LSN | None, nchanges: int | None) -> tuple[Decoded | None, bool]:
+    with _connect(opts) as conn:
+        flush_row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        assert flush_row is not None
+        flush = LSN(flush_row[0])
+        if upto is not None:
+            flush = min(flush, upto)
+        stop_at = end if end is not None else flush
+        version = conn.info.server_version
+        proto = opts.proto_version or highest_proto_version(version)
+        config = SourceConfig(conninfo=opts.dsn, slot=opts.slot, publications=opts.publications,
+                              proto_version=proto, streaming=opts.streaming)
+        options = pgoutput_options(config, proto, two_phase=False, server_version=version)
+        flat = [x for kv in options.items() for x in kv]
+        builder = ChangeBuilder(PlanCache())
+        collector = _Collector(builder, start, end, limit)
+        pipeline = Pipeline(proto_version=proto, slot_name=opts.slot)
+        pipeline.add(collector, output=MemoryOutput())
+        pipeline.startup()
+        returned = 0
+        try:
+            with conn.cursor(name="pgdecode_peek") as cur:
+                cur.itersize = 2000
+                cur.execute(
+                    "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
+                    "%s, %s::pg_lsn, %s, VARIADIC %s::text[])",
+                    (opts.slot, str(stop_at), nchanges, flat))
+                for lsn, data in cur:
+                    returned += 1
+                    pipeline.feed(bytes(data), LSN(lsn))
+                    if collector.full or collector.done:
+                        break
+        except psycopg.Error as exc:
+            raise explain(exc, opts.dsn, opts.slot, proto) from None
+        finally:
+            conn.rollback()
+        ack = pipeline.flush()
+        if not (collector.full or collector.done) and nchanges is not None \
+                and returned >= nchanges:
+            return None, True
+        rows = builder.rows
+        if rows:
+            assert collector.last_end is not None
+            return Decoded(builder.to_arrow(), rows, collector.last_end,
+                           min(ack, collector.last_end), None), False
+        idle = flush if not pipeline.in_flight and pipeline.at_boundary else None
+        return Decoded(None, 0, None, ack, idle), False
+
+
+def advance_slot(opts: SourceOptions, lsn: LSN) -> None:
+    """Move the slot's confirmed position to ``lsn`` (never back)."""
+    with _connect(opts) as conn:
+        conn.autocommit = True
+        slots = list_slots(conn, opts.slot)
+        if not slots:
+            return
+        current = slots[0].confirmed_flush_lsn
+        if current is not None and lsn <= current:
+            return
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (opts.slot, str(lsn)))
+
+
+# --- partitions carry the rows -----------------------------------------------------------------
+
+
+class ArrowPartition(InputPartition):
+    """Rows of a batch, as an Arrow IPC stream."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(None)
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"ArrowPartition({len(self.data)} bytes)"
+
+
+def _partitions(table: pa.Table | None, rows_per_partition: int) -> list[ArrowPartition]:
+    import pyarrow as pa
+
+    if table is None or table.num_rows == 0:
+        return []
+    out = []
+    for offset in range(0, table.num_rows, rows_per_partition):
+        chunk = table.slice(offset, rows_per_partition)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, chunk.schema) as writer:
+            writer.write_table(chunk)
+        out.append(ArrowPartition(sink.getvalue().to_pybytes()))
+    return out
+
+
+def _read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
+    assert isinstance(partition, ArrowPartition)
+    reader = pa.ipc.open_stream(partition.data)
+    yield from reader
+
+
+# --- Spark's side ----------------------------------------------------------------------------
+
+
+def _offset(lsn: LSN, ack: LSN) -> dict[str, str]:
+    return {"lsn": str(lsn), "ack": str(ack)}
+
+
+class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.opts = options
+        self._cache: dict[tuple[str, str], pa.Table | None] = {}
+        self._target: LSN | None = None
+
+    def initialOffset(self) -> dict[str, str]:
+        position = slot_position(self.opts)
+        return _offset(position, position)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_changes is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.opts.max_changes)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = flush_position(self.opts)
+
+    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        begin = LSN(start["lsn"])
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        decoded = decode_slot(self.opts, begin, limit=max_rows, upto=self._target)
+        if decoded.end is None:
+            idle = decoded.idle_end
+            if idle is not None and idle - begin >= self.opts.idle_advance_bytes:
+                end = _offset(idle, idle)  # an empty batch, so that commit() moves the slot
+                self._cache[(start["lsn"], end["lsn"])] = None
+                return end
+            return start
+        end = _offset(decoded.end, decoded.ack)
+        self._cache = {(start["lsn"], end["lsn"]): decoded.table}
+        return end
+
+    def partitions(self, start: dict[str, str],
+                   end: dict[str, str]) -> Sequence[InputPartition]:
+        key = (start["lsn"], end["lsn"])
+        if key[0] == key[1]:
+            return []
+        if key in self._cache:
+            table = self._cache.pop(key)
+        else:  # planned again after a restart: read the same range again
+            table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"])).table
+        return _partitions(table, self.opts.rows_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(partition)
+
+    def commit(self, end: dict[str, str]) -> None:
+        advance_slot(self.opts, LSN(end.get("ack", end["lsn"])))
+
+    def stop(self) -> None:
+        self._cache.clear()
+
+
+class PgoutputBatchReader(DataSourceReader):
+    """What the slot holds now, without consuming it."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.opts = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        start = slot_position(self.opts)
+        decoded = decode_slot(self.opts, start)
+        return _partitions(decoded.table, self.opts.rows_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read_partition(partition)
+
+
+class PgoutputDataSource(DataSource):
+    """``format("pgoutput")``: a replication slot's changes (see the module's docs)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pgoutput"
+
+    def schema(self) -> StructType:
+        return change_schema()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PgoutputBatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PgoutputStreamReader(SourceOptions.parse(self.options))

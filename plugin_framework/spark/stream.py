@@ -1,0 +1,141 @@
+"""The Python API of the foreachBatch way in: a slot streamed into ``fn(batch_df, batch_id)``
+inside an existing SparkSession.
+
+    stream = ForeachBatchStream(spark, my_function, dsn="host=... dbname=app", slot="lake",
+                                publications=["lake_pub"], checkpoint="/data/ckpt/lake")
+    stream.run()            # blocks; or stream.start() ... stream.stop(); stream.join()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from plugin_framework import LSN, Pipeline
+from plugin_framework.framework import Catalog
+from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
+from plugin_framework.spark.batcher import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DELAY,
+    DEFAULT_MAX_ROWS,
+    BatchFunction,
+    ForeachBatchPlugin,
+)
+
+__all__ = ["AckSafeWalsenderSource", "ForeachBatchStream"]
+
+
+class AckSafeWalsenderSource(WalsenderSource):
+    """WalsenderSource whose idle acknowledgement never passes what the outputs hold.
+
+    The stock source, when nothing is in flight, acknowledges the server's WAL end even if an
+    output has not made everything durable (true of file outputs, not of a micro-batch that
+    is still filling). Here the idle shortcut applies only when every output is durable up to
+    the pipeline's position. Before the last status update (stop requested, endpos reached),
+    the micro-batch outputs deliver what they hold, so that it is acknowledged too.
+    """
+
+    def _finishing(self) -> bool:
+        endpos = self.config.endpos
+        return self._stop.is_set() or (endpos is not None and self.pipeline.position >= endpos)
+
+    def _send_status(self) -> None:
+        repl = self._repl
+        assert repl is not None
+        pipeline = self.pipeline
+        progress = self.progress
+        if self._finishing() and pipeline.at_boundary:
+            for m in pipeline.members:
+                drain = getattr(m.ctx.output, "drain", None)
+                if callable(drain):
+                    drain()
+        if self.before_status is not None:
+            self.before_status()
+        ack = pipeline.flush()
+        if (not pipeline.in_flight and pipeline.at_boundary and ack >= pipeline.position
+                and progress.server_end > ack):
+            ack = progress.server_end
+        if ack > progress.acked:
+            progress.acked = ack
+        written = max(progress.received, progress.acked)
+        repl.send_status(written, progress.acked, progress.acked)
+        self._last_status = time.monotonic()
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+
+class ForeachBatchStream:
+    """Streams a slot through ``fn(batch_df, batch_id)`` (and ``sinks``) in micro-batches.
+
+    ``checkpoint`` is a local directory recording batch ids and LSN ranges: keep it with the
+    slot. The slot is created (two-phase) if ``create_slot``; prepared transactions are
+    delivered at COMMIT PREPARED with their gid (PostgreSQL 15 and later).
+    ``status_interval`` defaults to ``min(10, max_delay)`` seconds, so that a batch waiting
+    on ``max_delay`` goes out on time even when no new change arrives.
+    """
+
+    def __init__(self, spark: Any, fn: BatchFunction | None = None, *, dsn: str, slot: str,
+                 publications: Sequence[str], checkpoint: str,
+                 max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_delay: float = DEFAULT_MAX_DELAY, sinks: Sequence[BatchFunction] = (),
+                 create_slot: bool = False, endpos: LSN | str | None = None,
+                 streaming: str = "on", status_interval: float | None = None,
+                 proto_version: int | None = None, memory_limit: int | None = None,
+                 reconnect: bool = True) -> None:
+        self.plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=checkpoint,
+                                         max_rows=max_rows, max_bytes=max_bytes,
+                                         max_delay=max_delay, sinks=sinks)
+        if status_interval is None:
+            status_interval = max(0.2, min(10.0, max_delay))
+        self.config = SourceConfig(
+            conninfo=dsn, slot=slot, publications=list(publications),
+            proto_version=proto_version, streaming=streaming,
+            endpos=None if endpos is None else LSN(endpos), status_interval=status_interval,
+            create_slot=create_slot, slot_two_phase=True, reconnect=reconnect)
+        self.memory_limit = memory_limit
+        self.source: AckSafeWalsenderSource | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        """Stream until ``stop()``, ``endpos`` or an error."""
+        kwargs: dict[str, Any] = {"slot_name": self.config.slot,
+                                  "catalog": Catalog(self.config.conninfo)}
+        if self.memory_limit:
+            kwargs["memory_limit"] = self.memory_limit
+        pipeline = Pipeline(**kwargs)
+        pipeline.add(self.plugin, output=self.plugin.make_output())
+        self.source = AckSafeWalsenderSource(self.config, pipeline)
+        if self._stop_requested.is_set():
+            self.source.request_stop()
+        try:
+            self.source.run()
+        finally:
+            pipeline.shutdown()
+
+    def start(self) -> ForeachBatchStream:
+        """Run in a background thread; ``error`` holds what stopped it, if anything."""
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as exc:
+                self.error = exc
+
+        self._thread = threading.Thread(target=target, name="pgdecode-spark", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Finish the transaction being received, deliver what is collected, return."""
+        self._stop_requested.set()
+        if self.source is not None:
+            self.source.request_stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error

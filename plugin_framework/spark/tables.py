@@ -1,0 +1,205 @@
+"""Per-table DataFrames with real column types, from a DataFrame of change rows.
+
+``split_tables(batch_df)`` returns one DataFrame per table of the batch: the change's
+metadata (``_op``, ``_lsn``, ``_commit_lsn``, ``_seq``, ``_xid``, ``_commit_time``,
+``_origin``, ``_gid``, ``_unchanged_toast``) followed by the table's columns in their own
+types. The types come from the Relation messages (the ``columns`` of each row; the newest
+description of a table in the batch wins):
+
+=============================================  =================================
+PostgreSQL                                     Spark
+=============================================  =================================
+smallint, integer, bigint, oid                 short, int, bigint, bigint
+real, double precision                         float, double
+numeric(p,s) (p <= 38)                         decimal(p,s)
+numeric (no typmod, or p > 38)                 string (exact digits)
+boolean                                        boolean
+bytea                                          binary
+date                                           date
+timestamp / timestamp with time zone           timestamp_ntz / timestamp
+arrays of the types above (one dimension)      array<...>
+everything else (text, uuid, json, enums ...)  string, the server's text
+=============================================  =================================
+
+Values that do not fit the Spark type (``infinity`` dates and timestamps, NaN in a
+``numeric(p,s)``, a multi-dimensional array) become NULL. An INSERT or UPDATE row carries the
+new values; a DELETE row carries the old key (every column under REPLICA IDENTITY FULL) and
+NULL elsewhere; a TRUNCATE row only metadata. Unchanged TOAST columns are NULL and named in
+``_unchanged_toast``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TableInfo", "column", "spark_type", "split_tables", "table_infos", "typed_changes"]
+
+_TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
+
+META_COLUMNS = ("_op", "_lsn", "_commit_lsn", "_seq", "_xid", "_commit_time", "_origin", "_gid",
+                "_unchanged_toast")
+
+
+def column(name: str) -> Any:
+    """``F.col`` of a column named ``name`` exactly (dots, backticks and all)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _scalar(name: str) -> Any:
+    from pyspark.sql import types as T
+
+    match = _TYPMOD.search(name)
+    base = _TYPMOD.sub("", name).strip()
+    if base == "numeric":
+        if match and match[1] and int(match[1]) <= 38:
+            return T.DecimalType(int(match[1]), int(match[2] or 0))
+        return T.StringType()
+    simple = {
+        "smallint": T.ShortType(), "integer": T.IntegerType(), "bigint": T.LongType(),
+        "oid": T.LongType(), "real": T.FloatType(), "double precision": T.DoubleType(),
+        "boolean": T.BooleanType(), "bytea": T.BinaryType(), "date": T.DateType(),
+        "timestamp without time zone": T.TimestampNTZType(),
+        "timestamp with time zone": T.TimestampType(),
+    }
+    return simple.get(base, T.StringType())
+
+
+def spark_type(pg_type: str) -> Any:
+    """The Spark type for a PostgreSQL type as format_type prints it."""
+    from pyspark.sql import types as T
+
+    if pg_type.endswith("[]"):
+        return T.ArrayType(_scalar(pg_type[:-2]))
+    return _scalar(pg_type)
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What a batch says about one table."""
+
+    schema: str
+    table: str
+    columns: tuple[tuple[str, str, bool], ...]  # name, PostgreSQL type, is key
+    rows: int = 0
+    truncated_at: tuple[int, int] | None = None  # (commit_lsn, seq) of the last TRUNCATE
+    toast_columns: tuple[str, ...] = ()  # columns some UPDATE left as unchanged TOAST
+    moved_toast: bool = False  # an UPDATE with an old row and unchanged TOAST columns
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _, key in self.columns if key)
+
+
+def table_infos(df: Any) -> list[TableInfo]:
+    """The tables of a batch, with their newest description (one small Spark job)."""
+    from pyspark.sql import functions as F
+
+    order = F.struct("commit_lsn", "seq")
+    rows = df.groupBy("schema", "table").agg(
+        F.max_by("columns", order).alias("columns"),
+        F.count(F.lit(1)).alias("rows"),
+        F.max(F.when(F.col("op") == "TRUNCATE", order)).alias("truncated_at"),
+        F.array_distinct(F.flatten(F.collect_list("unchanged_toast"))).alias("toast"),
+        F.max(F.when((F.col("op") == "UPDATE") & F.col("before").isNotNull()
+                     & (F.size("unchanged_toast") > 0), F.lit(True))).alias("moved_toast"),
+    ).collect()
+    infos = []
+    for r in rows:
+        columns = tuple((c["name"], c["type"], bool(c["key"])) for c in r["columns"] or ())
+        trunc = r["truncated_at"]
+        infos.append(TableInfo(
+            r["schema"], r["table"], columns, int(r["rows"]),
+            None if trunc is None else (int(trunc["commit_lsn"]), int(trunc["seq"])),
+            tuple(r["toast"] or ()), bool(r["moved_toast"])))
+    return sorted(infos, key=lambda i: (i.schema, i.table))
+
+
+def _from_text(text: Any, dtype: Any, *, hex_prefix: bool = True) -> Any:
+    """A string expression (the server's text, or an array element's JSON text) as ``dtype``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StringType):
+        return text
+    if isinstance(dtype, T.BinaryType):
+        if hex_prefix:
+            return F.when(text.startswith("\\x"), F.unhex(F.substring(text, 3, 1 << 30)))
+        return F.unhex(text)  # the json emitter's hex, in arrays
+    return text.try_cast(dtype)
+
+
+def _element_converter(dtype: Any) -> Any:
+    def convert(element: Any) -> Any:  # one argument: transform passes the index to two
+        return _from_text(element, dtype, hex_prefix=False)
+
+    return convert
+
+
+def _values(row_map: Any, row_json: Any, columns: Sequence[tuple[str, str]],
+            prefix: str = "") -> list[Any]:
+    """Typed column expressions: scalars from the text map, arrays from the typed JSON (each
+    element's JSON text converted as a scalar's text would be)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    types = [(name, spark_type(pg)) for name, pg in columns]
+    arrays = [name for name, t in types if isinstance(t, T.ArrayType)]
+    raw = None
+    if arrays:
+        # each array column's JSON text, parsed on its own so that one bad value spoils nothing
+        raw = F.from_json(row_json, T.StructType([T.StructField(n, T.StringType())
+                                                  for n in arrays]))
+    text_array = T.ArrayType(T.StringType())
+    out = []
+    for name, dtype in types:
+        if isinstance(dtype, T.ArrayType):
+            assert raw is not None
+            text = raw.getField(name)
+            converted = F.transform(F.from_json(text, text_array),
+                                    _element_converter(dtype.elementType))
+            # a multi-dimensional array does not fit: NULL rather than a wrong value
+            expr = F.when(F.ltrim(text).startswith("[["), F.lit(None)).otherwise(converted)
+        else:
+            expr = _from_text(row_map.getItem(name), dtype)
+        out.append(expr.alias(prefix + name))
+    return out
+
+
+def typed_changes(df: Any, info: TableInfo, *, old_columns: Sequence[str] = ()) -> Any:
+    """The changes of one table as a typed DataFrame; ``old_columns`` adds ``_old_<name>``
+    columns typed from the old row (for the state writer's key changes)."""
+    from pyspark.sql import functions as F
+
+    rows = df.filter((F.col("schema") == info.schema) & (F.col("table") == info.table))
+    is_delete = F.col("op") == "DELETE"
+    row_map = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
+    row_json = F.when(is_delete, F.col("before_json")).otherwise(F.col("after_json"))
+    columns = [(name, pg) for name, pg, _ in info.columns]
+    meta = [F.col("op").alias("_op"), F.col("lsn").alias("_lsn"),
+            F.col("commit_lsn").alias("_commit_lsn"), F.col("seq").alias("_seq"),
+            F.col("xid").alias("_xid"), F.col("commit_time").alias("_commit_time"),
+            F.col("origin").alias("_origin"), F.col("gid").alias("_gid"),
+            F.col("unchanged_toast").alias("_unchanged_toast")]
+    exprs = meta + _values(row_map, row_json, columns)
+    if old_columns:
+        types = dict(columns)
+        exprs += _values(F.col("before"), F.col("before_json"),
+                         [(n, types[n]) for n in old_columns], prefix="_old_")
+        exprs.append(F.col("before").isNotNull().alias("_has_old"))
+    return rows.select(*exprs)
+
+
+def split_tables(df: Any, infos: Sequence[TableInfo] | None = None) -> dict[str, Any]:
+    """``{"schema.table": typed DataFrame}`` for every table of a batch of changes."""
+    if infos is None:
+        infos = table_infos(df)
+    return {info.qualified_name: typed_changes(df, info) for info in infos}

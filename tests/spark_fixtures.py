@@ -1,0 +1,346 @@
+"""Fixtures and helpers for the Spark tests: one local SparkSession per test session, a
+workload of about 20,000 changes, comparisons of Parquet state with the source tables, and a
+pipeline runner to start (and kill) as a subprocess:
+
+    python tests/spark_fixtures.py emitter|source --dsn ... --slot ... --work DIR \\
+        [--kill-at BATCH_ID]
+
+With ``--kill-at N`` the foreachBatch function, in batch N, writes the change log and the
+new state of the first table, touches ``DIR/killme`` and sleeps: the test kills the process
+group with SIGKILL there, in the middle of the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import decimal
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PUBLICATION = "spark_pub"
+TABLES = ("public.accounts", "public.ledger", "public.scratch", "public.fulltab")
+KEYS = {"public.accounts": ("id",), "public.ledger": ("id",), "public.scratch": ("id",),
+        "public.fulltab": ("a", "b")}
+
+SCHEMA = f"""
+CREATE TABLE accounts (id integer PRIMARY KEY, owner text, balance numeric(12,2),
+    tags text[], scores integer[], photo bytea, opened timestamp, seen timestamptz,
+    active boolean, note jsonb, big text);
+ALTER TABLE accounts ALTER COLUMN big SET STORAGE EXTERNAL;
+CREATE TABLE ledger (id bigint PRIMARY KEY, account integer, amount numeric(12,2),
+    at timestamptz, memo varchar(40));
+CREATE TABLE scratch (id integer PRIMARY KEY, v text);
+CREATE TABLE fulltab (a integer, b text);
+ALTER TABLE fulltab REPLICA IDENTITY FULL;
+CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES;
+"""
+
+ACCOUNT_ROWS = """
+INSERT INTO accounts
+SELECT g, 'owner ' || g, (g * 7 %% 10000) / 100.0, ARRAY['t' || g %% 5, 'x,y'],
+       ARRAY[g %% 3, NULL, g], decode(md5(g::text), 'hex'),
+       timestamp '2024-01-01 00:00' + g * interval '1 minute',
+       timestamptz '2024-01-01 00:00+00' + g * interval '90 seconds', g %% 2 = 0,
+       jsonb_build_object('g', g, 'tag', 'n' || g),
+       CASE WHEN g %% 5 = 1 THEN repeat(md5(g::text), 120) END
+FROM generate_series(%s::int, %s::int) g
+"""
+
+LEDGER_ROWS = """
+INSERT INTO ledger
+SELECT g, g %% 4000 + 1, (g %% 997) / 10.0, timestamptz '2024-02-01 00:00+00' + g * interval '1 s',
+       'memo ' || g
+FROM generate_series(%s::bigint, %s::bigint) g
+"""
+
+
+def run_big_workload(conn: Any) -> dict[str, int]:
+    """About 20,000 changes: inserts, updates (some leaving TOAST unchanged), key-changing
+    updates, deletes, TRUNCATE, a committed and a rolled-back prepared transaction (both
+    undecided while other transactions commit), and a large streamed transaction. Returns
+    the number of changes each kind of statement made (informative)."""
+    ex = conn.execute
+    ex("SET synchronous_commit = on")
+    counts: dict[str, int] = {}
+    for first in range(1, 4001, 500):
+        ex(ACCOUNT_ROWS, (first, first + 499))
+    counts["accounts inserts"] = 4000
+    for first in range(1, 6001, 1000):
+        ex(LEDGER_ROWS, (first, first + 999))
+    counts["ledger inserts"] = 6000
+
+    ex("BEGIN")
+    ex(ACCOUNT_ROWS, (4001, 4100))
+    ex("UPDATE ledger SET amount = amount + 100 WHERE id <= 50 AND id % 4 <> 0")
+    ex("PREPARE TRANSACTION 'spark-commit'")
+    ex("BEGIN")
+    ex(ACCOUNT_ROWS, (5001, 5050))
+    ex("DELETE FROM ledger WHERE id BETWEEN 100 AND 150 AND id % 4 = 1")
+    ex("PREPARE TRANSACTION 'spark-rollback'")
+
+    ex("UPDATE accounts SET balance = balance + 1 WHERE id % 3 = 0")  # big stays TOASTed
+    ex("UPDATE accounts SET id = id + 10000 WHERE id % 10 = 1")  # key change, some TOASTed
+    ex("DELETE FROM ledger WHERE id % 4 = 0")
+    ex("INSERT INTO scratch SELECT g, 'v' || g FROM generate_series(1, 1000) g")
+    ex("BEGIN")
+    ex("TRUNCATE scratch")
+    ex("INSERT INTO scratch SELECT g, 'w' || g FROM generate_series(1, 300) g")
+    ex("COMMIT")
+    ex("INSERT INTO scratch SELECT g, 'z' || g FROM generate_series(301, 500) g")
+    ex("INSERT INTO fulltab SELECT g, 'b' || g FROM generate_series(1, 300) g")
+    ex("UPDATE fulltab SET b = b || 'x' WHERE a <= 100")
+    ex("DELETE FROM fulltab WHERE a > 250")
+
+    ex("BEGIN")  # large: streamed (logical_decoding_work_mem = 64kB)
+    ex(LEDGER_ROWS, (6001, 9000))
+    ex("UPDATE accounts SET note = note || '{\"streamed\": true}' WHERE id BETWEEN 100 AND 600")
+    ex("SAVEPOINT s1")
+    ex("DELETE FROM ledger WHERE id > 8000")
+    ex("ROLLBACK TO SAVEPOINT s1")
+    ex("COMMIT")
+
+    ex("COMMIT PREPARED 'spark-commit'")
+    ex("ROLLBACK PREPARED 'spark-rollback'")
+    ex("UPDATE accounts SET active = NOT active, photo = NULL WHERE id % 7 = 0")
+    ex("UPDATE ledger SET memo = NULL, at = NULL WHERE id % 9 = 0")
+    return counts
+
+
+def setup_big(db: Any, slots: tuple[str, ...]) -> None:
+    with db.connect(autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    for slot in slots:
+        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+                   (slot,))
+
+
+def end_lsn(db: Any) -> str:
+    """A position past everything the workload did (flushed)."""
+    row = db.execute("SELECT pg_current_wal_insert_lsn()::text")
+    db.execute("SELECT pg_switch_wal()")
+    return str(row[0][0])
+
+
+# --- comparing Parquet state with the tables ---------------------------------------------------
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, decimal.Decimal):
+        return value.normalize()
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
+    if isinstance(value, list):
+        return tuple(_norm(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _norm(v)) for k, v in value.items()))
+    return value
+
+
+def table_rows(db: Any, table: str) -> set[tuple[Any, ...]]:
+    """The table as SELECT shows it: text for json, the rest in psycopg's Python types,
+    timestamptz in UTC."""
+    cols = [r[0] for r in db.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum", (table,))]
+    types = dict(db.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
+    select = ", ".join(f"{c}::text" if types[c] in ("jsonb", "json") else c for c in cols)
+    return {tuple(_norm(v) for v in row) for row in db.execute(f"SELECT {select} FROM {table}")}
+
+
+def state_rows(spark: Any, path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    from plugin_framework.spark import read_state
+
+    df = read_state(spark, path, table).select(*columns)
+    return [tuple(_norm(v) for v in row) for row in df.collect()]
+
+
+def table_columns(db: Any, table: str) -> list[str]:
+    return [r[0] for r in db.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum", (table,))]
+
+
+def assert_state_equals_tables(spark: Any, db: Any, path: str) -> None:
+    for table in TABLES:
+        columns = table_columns(db, table)
+        rows = state_rows(spark, path, table, columns)
+        assert len(rows) == len(set(rows)), f"{table}: duplicate rows in the state"
+        expected = table_rows(db, table)
+        missing, extra = expected - set(rows), set(rows) - expected
+        assert not missing and not extra, (
+            f"{table}: {len(missing)} rows missing from the state (e.g. {sorted(missing)[:2]}), "
+            f"{len(extra)} unexpected (e.g. {sorted(extra)[:2]})")
+
+
+def expected_changes(db: Any, slot: str) -> dict[tuple[int, int], str]:
+    """(commit_lsn, seq) -> "op schema.table" of every change a slot holds, decoded by a
+    minimal plugin of its own (not the Spark code under test)."""
+    from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
+
+    class Changes(OutputPlugin):
+        def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+            self.rows: dict[tuple[int, int], str] = {}
+            self.txn: list[str] = []
+
+        def begin(self, ctx: Any, txn: Any) -> None:
+            self.txn = []
+
+        def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+            self.txn.append(f"{change.action} {relation.qualified_name}")
+
+        def truncate(self, ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+            self.txn += [f"TRUNCATE {r.qualified_name}" for r in relations]
+
+        def commit(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
+            for seq, what in enumerate(self.txn):
+                self.rows[(int(commit_lsn), seq)] = what
+
+    proto = 4 if db.major_version >= 16 else 3
+    plugin = Changes()
+    pipeline = Pipeline(proto_version=proto)
+    pipeline.add(plugin, output=MemoryOutput())
+    pipeline.startup()
+    options = ["proto_version", str(proto), "publication_names", PUBLICATION,
+               "streaming", "on" if proto >= 4 else "true"]
+    for lsn, data in db.execute(
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+            "VARIADIC %s::text[])", (slot, options)):
+        pipeline.feed(bytes(data), LSN(lsn))
+    return plugin.rows
+
+
+def changelog_rows(spark: Any, path: str) -> list[tuple[int, int, str, int]]:
+    rows = spark.read.parquet(path).selectExpr(
+        "commit_lsn", "seq", "concat(op, ' ', schema, '.', `table`)", "batch_id").collect()
+    return [(int(r[0]), int(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+
+def assert_changelog_complete(spark: Any, db: Any, path: str, ref_slot: str) -> None:
+    expected = expected_changes(db, ref_slot)
+    rows = changelog_rows(spark, path)
+    seen: dict[tuple[int, int], str] = {}
+    for commit_lsn, seq, what, _ in rows:
+        assert (commit_lsn, seq) not in seen, f"change {commit_lsn}/{seq} logged twice"
+        seen[(commit_lsn, seq)] = what
+    assert seen == expected
+
+
+# --- the session ----------------------------------------------------------------------------
+
+
+def spark_env() -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def new_session(app: str = "pgdecode-tests") -> Any:
+    spark_env()
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.memory", "1g")
+             # short-lived JVMs: C1 only starts and warms up much faster
+             .config("spark.driver.extraJavaOptions",
+                     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@pytest.fixture(scope="session", name="spark")
+def spark_session() -> Iterator[Any]:
+    """One local SparkSession for the whole test session (import this into a test module
+    and ask for ``spark``)."""
+    session = new_session()
+    yield session
+    session.stop()
+
+
+# --- the subprocess runner --------------------------------------------------------------------
+
+
+def _batch_function(work: Path, kill_at: int | None) -> Any:
+    from plugin_framework.spark import ChangeLogWriter, TableStateWriter
+
+    def applied(table: str, batch_id: int) -> None:
+        if batch_id == kill_at:
+            (work / "killme").touch()
+            time.sleep(600)  # killed here, in the middle of the batch
+
+    log = ChangeLogWriter(str(work / "log"))
+    state = TableStateWriter(str(work / "state"), on_table=applied)
+    batches = work / "batches"
+
+    def fn(df: Any, batch_id: int) -> None:
+        with open(batches, "a") as f:
+            f.write(f"{batch_id}\n")
+        started = time.monotonic()
+        log(df, batch_id)
+        logged = time.monotonic()
+        state(df, batch_id)
+        print(f"batch {batch_id}: change log {logged - started:.1f} s, state "
+              f"{time.monotonic() - logged:.1f} s", flush=True)
+
+    return fn
+
+
+def run_pipeline(args: argparse.Namespace) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    work = Path(args.work)
+    started = time.monotonic()
+    spark = new_session(f"pgdecode-{args.way}")
+    print(f"spark session in {time.monotonic() - started:.1f} s", flush=True)
+    fn = _batch_function(work, args.kill_at)
+    if args.way == "emitter":
+        from plugin_framework.spark import ForeachBatchStream
+
+        ForeachBatchStream(spark, fn, dsn=args.dsn, slot=args.slot,
+                           publications=[PUBLICATION], checkpoint=str(work / "checkpoint"),
+                           max_rows=args.max_rows, endpos=args.endpos).run()
+    else:
+        from plugin_framework.spark.source import PgoutputDataSource
+
+        spark.dataSource.register(PgoutputDataSource)
+        query = (spark.readStream.format("pgoutput").option("dsn", args.dsn)
+                 .option("slot", args.slot).option("publication", PUBLICATION)
+                 .option("maxChangesPerBatch", str(args.max_rows)).load()
+                 .writeStream.foreachBatch(fn)
+                 .option("checkpointLocation", str(work / "spark-checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+    (work / "done").touch()
+    spark.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("way", choices=("emitter", "source"))
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--slot", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--endpos")
+    parser.add_argument("--max-rows", type=int, default=12000)
+    parser.add_argument("--kill-at", type=int)
+    run_pipeline(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,504 @@
+"""The Spark ways in, in-process, on each server version: the foreachBatch stream (emitter)
+and the ``pgoutput`` data source deliver the same change rows; batches, replays and
+acknowledgements; per-table types; the emitter's options.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parity_workload import run_parity_workload, setup_parity
+from spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
+from workload import STREAM_ROWS, create_schema, run_workload
+
+from plugin_framework import LSN
+from plugin_framework.framework import CallbackError
+from plugin_framework.spark import (
+    Checkpoint,
+    ForeachBatchStream,
+    TableStateWriter,
+    change_schema,
+    lsn_text,
+    read_state,
+    split_tables,
+)
+from plugin_framework.spark.source import (
+    PgoutputDataSource,
+    PgoutputStreamReader,
+    SourceOptions,
+)
+
+KEY = ("commit_lsn", "seq")
+
+
+def _slot(db: Any, name: str) -> str:
+    slot = f"{db.dbname}_{name}"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    return slot
+
+
+def _end(db: Any) -> str:
+    lsn = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    db.execute("SELECT pg_switch_wal()")
+    return lsn
+
+
+def _confirmed(db: Any, slot: str) -> LSN:
+    return LSN(db.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                          "WHERE slot_name = %s", (slot,))[0][0])
+
+
+class Collect:
+    """A foreachBatch function keeping every batch's rows (as dicts)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[dict[str, Any]]]] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.batches.append((batch_id, [r.asDict(recursive=True) for r in df.collect()]))
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return [r for _, rows in self.batches for r in rows]
+
+
+def _comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    out = []
+    for r in rows:
+        out.append((r["commit_lsn"], r["seq"], r["lsn"], r["xid"], r["op"], r["schema"],
+                    r["table"], json.dumps(r["key"], sort_keys=True),
+                    json.dumps(r["before"], sort_keys=True),
+                    json.dumps(r["after"], sort_keys=True), r["before_json"], r["after_json"],
+                    tuple(r["unchanged_toast"]), r["origin"], r["gid"], r["commit_time"]))
+    return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+# --- both ways in, on the shared workload ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def delivered(pg_module_db: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The workload through the emitter (small batches) and both sides of the source."""
+    db = pg_module_db
+    with db.connect(autocommit=True) as conn:
+        create_schema(conn)
+        slots = {name: _slot(db, name) for name in ("emitter", "source", "peek")}
+        facts = run_workload(conn)
+    end = _end(db)
+    work = tmp_path_factory.mktemp("delivered")
+    emitted = Collect()
+    stream = ForeachBatchStream(spark, emitted, dsn=db.conninfo, slot=slots["emitter"],
+                                publications=["pub"], checkpoint=str(work / "checkpoint"),
+                                max_rows=1000, endpos=end)
+    stream.run()
+
+    spark.dataSource.register(PgoutputDataSource)
+    before = _confirmed(db, slots["peek"])
+    peeked = [r.asDict(recursive=True) for r in spark.read.format("pgoutput")
+              .option("dsn", db.conninfo).option("slot", slots["peek"])
+              .option("publication", "pub").load().collect()]
+    peek_after = _confirmed(db, slots["peek"])
+
+    streamed = Collect()
+    query = (spark.readStream.format("pgoutput").option("dsn", db.conninfo)
+             .option("slot", slots["source"]).option("publication", "pub")
+             .option("maxChangesPerBatch", "2500").load()
+             .writeStream.foreachBatch(streamed)
+             .option("checkpointLocation", str(work / "spark-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return {"db": db, "facts": facts, "slots": slots, "emitted": emitted, "stream": stream,
+            "peeked": peeked, "peek_positions": (before, peek_after), "streamed": streamed,
+            "work": work, "end": LSN(end)}
+
+
+def test_emitter_batches_hold_whole_committed_transactions(delivered: Any) -> None:
+    emitted, facts = delivered["emitted"], delivered["facts"]
+    ids = [bid for bid, _ in emitted.batches]
+    assert ids == list(range(len(ids))) and len(ids) >= 2
+    owner: dict[int, int] = {}
+    for bid, rows in emitted.batches:
+        for r in rows:
+            assert owner.setdefault(r["commit_lsn"], bid) == bid, "a transaction was split"
+        # a batch closes with the first transaction that takes it to max_rows (1000)
+        last = max(r["commit_lsn"] for r in rows)
+        assert sum(r["commit_lsn"] != last for r in rows) < 1000
+    rows = emitted.rows
+    xids = {r["xid"] for r in rows}
+    assert facts.xids["stream_abort"] not in xids and facts.xids["2pc_rollback"] not in xids
+    assert facts.xids["stream"] in xids and facts.xids["2pc_commit"] in xids
+    by_xid: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_xid.setdefault(r["xid"], []).append(r)
+    for txn_rows in by_xid.values():
+        assert [r["seq"] for r in txn_rows] == list(range(len(txn_rows)))
+        assert [r["lsn"] for r in txn_rows] == sorted(r["lsn"] for r in txn_rows)
+    # prepared transactions keep their gid, the others have none
+    assert {r["gid"] for r in by_xid[facts.xids["2pc_commit"]]} == {"gid-commit"}
+    assert {r["gid"] for r in by_xid[facts.xids["2pc_stream"]]} == {"gid-stream"}
+    assert {r["gid"] for r in by_xid[facts.xids["insert"]]} == {None}
+    # the streamed transaction arrives whole, its rolled back savepoint left out
+    bulk = [r for r in by_xid[facts.xids["stream"]] if r["table"] == "bulk"]
+    assert len(bulk) == STREAM_ROWS + 1 and all(r["after"]["v"] != "gone" for r in bulk)
+    assert {r["origin"] for r in by_xid[facts.xids["origin"]]} == {facts.origin}
+
+
+def test_change_rows_carry_keys_old_rows_toast_and_typed_json(delivered: Any) -> None:
+    rows, facts = delivered["emitted"].rows, delivered["facts"]
+    update = [r for r in rows if r["xid"] == facts.xids["update"]]
+    renamed, moved, deleted = update
+    assert renamed["op"] == "UPDATE" and renamed["before"] is None
+    assert renamed["unchanged_toast"] == ["big"] and "big" not in renamed["after"]
+    assert renamed["key"] == {"id": "1"} and renamed["after"]["name"] == "uno"
+    assert moved["before"] == {"id": "1"} and moved["key"] == {"id": "10"}
+    assert json.loads(moved["before_json"]) == {"id": 1}
+    assert deleted["op"] == "DELETE" and deleted["after"] is None
+    assert deleted["key"] == {"id": "2"} and deleted["before"] == {"id": "2"}
+    first = next(r for r in rows if r["xid"] == facts.xids["insert"])
+    assert first["after"] == {"id": "1", "name": "one", "price": "1.50", "tags": "{a,b}",
+                              "payload": "\\x00ff", "big": "x" * 5000}
+    typed = json.loads(first["after_json"])
+    assert typed["id"] == 1 and typed["tags"] == ["a", "b"] and typed["price"] == "1.50"
+    assert [c["name"] for c in first["columns"]] == ["id", "name", "price", "tags", "payload",
+                                                     "big"]
+    assert first["columns"][2] == {"name": "price", "type": "numeric(10,2)", "type_oid": 1700,
+                                   "key": False}
+    full = [r for r in rows if r["xid"] == facts.xids["full"]]
+    assert [r["op"] for r in full] == ["INSERT", "INSERT", "UPDATE", "DELETE"]
+    # REPLICA IDENTITY FULL: the old row whole, and every column is the key
+    assert full[2]["before"] == {"a": "1", "b": "a"} and full[2]["key"] == {"a": "1", "b": "b"}
+    truncated = sorted(r["table"] for r in rows if r["op"] == "TRUNCATE")
+    assert truncated == ["child", "parent"]
+
+
+def test_source_stream_and_peek_give_the_emitters_rows(delivered: Any) -> None:
+    expected = _comparable(delivered["emitted"].rows)
+    assert _comparable(delivered["peeked"]) == expected
+    streamed = delivered["streamed"]
+    assert _comparable(streamed.rows) == expected
+    assert len(streamed.batches) > 1
+    # a batch read does not consume
+    before, after = delivered["peek_positions"]
+    assert before == after
+
+
+def test_slots_are_acknowledged_after_delivery(delivered: Any) -> None:
+    db, slots, stream = delivered["db"], delivered["slots"], delivered["stream"]
+    checkpoint = Checkpoint(delivered["work"] / "checkpoint")
+    assert checkpoint.pending is None and checkpoint.last_committed is not None
+    assert checkpoint.last_committed.batch_id == stream.plugin.batches - 1
+    history = checkpoint.history()
+    assert [b.batch_id for b in history] == list(range(len(history)))
+    for prev, cur in itertools.pairwise(history):
+        assert cur.start == prev.end < cur.end
+    assert _confirmed(db, slots["emitter"]) >= checkpoint.last_committed.end
+    # Spark commits a batch to the source when it plans the next one: all but the last
+    assert _confirmed(db, slots["source"]) > _confirmed(db, slots["peek"])
+
+
+# --- replays, acknowledgement and prepared transactions -----------------------------------------
+
+
+def test_a_failed_batch_is_delivered_again_with_the_same_id_and_rows(db: Any, spark: Any,
+                                                                     tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "replay")
+    for i in range(7):
+        db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(%s::int, %s::int) g",
+                   (i * 100 + 1, i * 100 + 100))
+    end = _end(db)
+    seen: list[tuple[int, list[Any]]] = []
+
+    def failing(df: Any, batch_id: int) -> None:
+        seen.append((batch_id, sorted(tuple(r) for r in df.select(*KEY, "after").collect())))
+        if batch_id == 1:
+            raise RuntimeError("fn failed")
+
+    stream = ForeachBatchStream(spark, failing, dsn=db.conninfo, slot=slot,
+                                publications=["p"], checkpoint=str(tmp_path), max_rows=250,
+                                endpos=end)
+    with pytest.raises(CallbackError, match="fn failed"):
+        stream.run()
+    assert [b for b, _ in seen] == [0, 1]
+    assert _confirmed(db, slot) <= Checkpoint(tmp_path).pending.start  # type: ignore[union-attr]
+
+    again: list[tuple[int, list[Any]]] = []
+    ForeachBatchStream(spark, lambda df, i: again.append(
+        (i, sorted(tuple(r) for r in df.select(*KEY, "after").collect()))),
+        dsn=db.conninfo, slot=slot, publications=["p"], checkpoint=str(tmp_path),
+        max_rows=250, endpos=end).run()
+    assert again[0] == seen[1]
+    assert [b for b, _ in again] == [1, 2]
+    ids = [r[0:2] for _, rows in [seen[0], *again] for r in rows]
+    assert len(ids) == len(set(ids)) == 700
+
+
+def test_an_undecided_prepared_transaction_holds_the_slot_back(db: Any, spark: Any,
+                                                               tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "prepared")
+    conn = db.connect(autocommit=True)
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO t VALUES (1, 'prepared')")
+    conn.execute("PREPARE TRANSACTION 'held'")
+    prepare_lsn = LSN(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    db.execute("INSERT INTO t VALUES (2, 'after')")
+    end = _end(db)
+    state = str(tmp_path / "state")
+    got = Collect()
+
+    def run(endpos: str) -> None:
+        ForeachBatchStream(spark, got, dsn=db.conninfo, slot=slot, publications=["p"],
+                           checkpoint=str(tmp_path / "checkpoint"), max_rows=1, endpos=endpos,
+                           sinks=[TableStateWriter(state)]).run()
+
+    run(end)
+    assert [(r["after"]["id"], r["gid"]) for r in got.rows] == [("2", None)]
+    assert _confirmed(db, slot) <= prepare_lsn  # the PREPARE must come again
+
+    conn.execute("COMMIT PREPARED 'held'")
+    db.execute("INSERT INTO t VALUES (3, 'last')")
+    run(_end(db))
+    assert [(r["after"]["id"], r["gid"]) for r in got.rows] == [
+        ("2", None), ("1", "held"), ("3", None)]
+    assert [b for b, _ in got.batches] == [0, 1, 2]
+    assert sorted(r.id for r in read_state(spark, state, "public.t").collect()) == [1, 2, 3]
+
+
+def test_a_batch_goes_out_after_max_delay(db: Any, spark: Any, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "delay")
+    got = Collect()
+    arrived = threading.Event()
+
+    def fn(df: Any, batch_id: int) -> None:
+        got(df, batch_id)
+        arrived.set()
+
+    stream = ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=slot, publications=["p"],
+                                checkpoint=str(tmp_path), max_rows=1_000_000, max_delay=0.2)
+    stream.start()
+    try:
+        db.execute("INSERT INTO t VALUES (1), (2), (3)")
+        assert arrived.wait(120), "no batch arrived"
+    finally:
+        stream.stop()
+        stream.join(120)
+    assert [len(rows) for _, rows in got.batches] == [3]
+
+
+def test_stream_reader_reads_a_batch_again_after_a_restart(db: Any) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "reader")
+    conn = db.connect(autocommit=True)
+    for i in range(5):
+        db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(%s::int, %s::int) g",
+                   (i * 10 + 1, i * 10 + 10))
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO t VALUES (100, 'prepared')")
+    conn.execute("PREPARE TRANSACTION 'open'")
+    db.execute("INSERT INTO t VALUES (101, 'after the prepare')")
+    _end(db)
+    opts = SourceOptions.parse({"dsn": db.conninfo, "slot": slot, "publication": "p"})
+
+    def rows(parts: Any, reader: PgoutputStreamReader) -> list[tuple[Any, ...]]:
+        out = []
+        for part in parts:
+            for batch in reader.read(part):
+                out += list(zip(batch.column("commit_lsn").to_pylist(),
+                                batch.column("seq").to_pylist(), strict=True))
+        return out
+
+    reader = PgoutputStreamReader(opts)
+    start = reader.initialOffset()
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    end = reader.latestOffset(start, ReadMaxRows(25))
+    first = rows(reader.partitions(start, end), reader)
+    assert len(first) == 30  # whole transactions: 3 of 10 rows
+    fresh = PgoutputStreamReader(opts)  # as after a restart: nothing cached
+    assert rows(fresh.partitions(start, end), fresh) == first
+    last = reader.latestOffset(end, ReadMaxRows(1000))
+    assert len(rows(reader.partitions(end, last), reader)) == 21
+    assert LSN(last["ack"]) < LSN(last["lsn"])  # held back to the undecided PREPARE
+    reader.commit(last)
+    assert _confirmed(db, slot) == LSN(last["ack"])
+    assert reader.latestOffset(last, ReadMaxRows(1000)) == last
+    conn.execute("COMMIT PREPARED 'open'")
+    _end(db)
+    final = reader.latestOffset(last, ReadMaxRows(1000))
+    committed = reader.partitions(last, final)
+    assert len(rows(committed, reader)) == 1
+    gids = [b.column("gid").to_pylist() for p in committed for b in reader.read(p)]
+    assert gids == [["open"]]
+
+
+# --- types ----------------------------------------------------------------------------------------
+
+
+def test_split_tables_gives_real_column_types(db: Any, spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import types as T
+
+    setup_parity(db)
+    slot = _slot(db, "types")
+    run_parity_workload(db)
+    end = _end(db)
+    tables: dict[str, Any] = {}
+
+    def fn(df: Any, batch_id: int) -> None:
+        for name, typed in split_tables(df).items():
+            tables[name] = (typed.schema, typed.collect())
+
+    ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=slot, publications=["parity_pub"],
+                       checkpoint=str(tmp_path), max_rows=1_000_000, endpos=end).run()
+    schema, rows = tables["public.alltypes"]
+    types = {f.name: f.dataType for f in schema.fields}
+    assert types["c_int2"] == T.ShortType() and types["c_int4"] == T.IntegerType()
+    assert types["c_int8"] == T.LongType() and types["c_bool"] == T.BooleanType()
+    assert types["c_numeric_p"] == T.DecimalType(10, 3)
+    assert types["c_numeric"] == T.StringType()
+    assert types["c_float4"] == T.FloatType() and types["c_float8"] == T.DoubleType()
+    assert types["c_bytea"] == T.BinaryType() and types["c_date"] == T.DateType()
+    assert types["c_timestamp"] == T.TimestampNTZType()
+    assert types["c_timestamptz"] == T.TimestampType()
+    assert types["c_int_arr"] == T.ArrayType(T.IntegerType())
+    assert types["c_text_arr"] == T.ArrayType(T.StringType())
+    assert types["c_uuid"] == T.StringType() and types["c_jsonb"] == T.StringType()
+    first = next(r for r in rows if r["_op"] == "INSERT" and r["id"] == 1)
+    assert first["c_int4"] == 42 and first["c_int8"] == 9223372036854775807
+    assert first["c_bool"] is True and str(first["c_numeric_p"]) == "-1.500"
+    assert bytes(first["c_bytea"]) == b"\x00\xff\x10"
+    assert first["c_int_arr"] == [1, 2, None, 4]
+    assert first["c_text_arr"] == ["a b", "c,d", None, 'e"f']
+    assert first["c_numeric"] == "123456789012345678901234567890.123456789"
+    assert str(first["c_date"]) == "2024-02-29"
+    assert str(first["c_timestamp"]) == "2024-01-02 03:04:05.678000"
+    edge = next(r for r in rows if r["_op"] == "INSERT" and r["id"] == 2)
+    assert edge["c_date"] is None  # 'infinity'
+    assert first["c_int_2d"] is None  # two dimensions do not fit array<int>
+    assert edge["c_int_2d"] == [7, 8]
+    assert all(v is None for k, v in next(r for r in rows if r["_op"] == "INSERT"
+                                          and r["id"] == 3).asDict().items()
+               if k.startswith("c_"))
+    deleted = next(r for r in rows if r["_op"] == "DELETE")
+    assert deleted["id"] == 3 and deleted["c_int4"] is None
+    quoted = tables['My Schema.Weird "Table"'][0]
+    assert [f.name for f in quoted.fields][-4:] == ["Mixed Case", 'quote"d', "select",
+                                                   "spaced name"]
+
+
+def test_change_schema_and_lsn_text(spark: Any) -> None:
+    schema = change_schema()
+    assert schema.fieldNames() == ["lsn", "commit_lsn", "seq", "xid", "commit_time", "op",
+                                   "schema", "table", "key", "before", "after", "before_json",
+                                   "after_json", "unchanged_toast", "columns", "origin", "gid"]
+    row = spark.createDataFrame([(0x16B374D848,)], "lsn bigint").select(
+        lsn_text("lsn").alias("t")).first()
+    assert row.t == "16/B374D848"
+
+
+# --- the emitter's options and the command line --------------------------------------------------
+
+
+def test_emitter_options_are_checked(tmp_path: Path) -> None:
+    from emitters.spark import SparkEmitter
+    from plugin_framework import Pipeline
+    from plugin_framework.framework import MemoryOutput
+
+    def start(options: dict[str, str | None], output: Any = None) -> Any:
+        emitter = SparkEmitter(spark=object())
+        pipeline = Pipeline()
+        pipeline.add(emitter, options=options,
+                     output=output if output is not None else emitter.make_output())
+        pipeline.startup()
+        return emitter
+
+    with pytest.raises(CallbackError, match='option "bogus"'):
+        start({"bogus": "1"})
+    with pytest.raises(CallbackError, match="checkpoint directory is required"):
+        start({"foreach-batch": "json:dumps"})
+    with pytest.raises(CallbackError, match="cannot be loaded"):
+        start({"foreach-batch": "no.such.module:fn", "checkpoint": str(tmp_path)})
+    with pytest.raises(CallbackError, match="needs its own output"):
+        start({"foreach-batch": "json:dumps", "checkpoint": str(tmp_path)}, MemoryOutput())
+    with pytest.raises(CallbackError, match='"max-rows"'):
+        start({"max-rows": "0", "checkpoint": str(tmp_path)})
+    emitter = start({"foreach-batch": "json:dumps", "checkpoint": str(tmp_path),
+                     "max-rows": "5", "max-delay": "1.5", "state-path": str(tmp_path / "s")})
+    assert (emitter.max_rows, emitter.max_delay, len(emitter.sinks)) == (5, 1.5, 1)
+
+
+def test_command_line_spark_emitter(db: Any, tmp_path: Path) -> None:
+    """``pgdecode stream --emitter spark``: needs the entry point and the CLI giving the
+    emitter its own output (see docs/spark.md)."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "spark" for ep in entry_points(group="pgdecode.emitters")):
+        pytest.skip("the spark emitter's entry point is not installed")
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "cli")
+    db.execute("INSERT INTO t SELECT generate_series(1, 10)")
+    end = _end(db)
+    fn = tmp_path / "cli_fn.py"
+    out = tmp_path / "out"
+    fn.write_text("def fn(df, batch_id):\n"
+                  f"    with open({str(out)!r}, 'a') as f:\n"
+                  "        f.write(f'{batch_id} {df.count()}\\n')\n")
+    env = {"PYTHONPATH": str(tmp_path), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", db.conninfo, "-S", slot,
+         "--publication", "p", "--emitter", "spark", "-o", f"checkpoint={tmp_path / 'ck'}",
+         "-o", "foreach-batch=cli_fn:fn", "-o", "master=local[1]", "-o",
+         "spark-conf=spark.ui.enabled=false", "-E", end, "--status-interval", "1", "-q"],
+        env=env, capture_output=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    assert out.read_text() == "0 10\n"
+
+
+def test_stream_reader_moves_an_idle_slot_on(db: Any) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE other (id int); "
+               "CREATE PUBLICATION p FOR TABLE t")
+    slot = _slot(db, "idle")
+    db.execute("INSERT INTO other SELECT generate_series(1, 1000)")  # not published
+    _end(db)
+    reader = PgoutputStreamReader(SourceOptions.parse(
+        {"dsn": db.conninfo, "slot": slot, "publication": "p", "idleAdvanceBytes": "1"}))
+    start = reader.initialOffset()
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert LSN(end["lsn"]) > LSN(start["lsn"]) and end["ack"] == end["lsn"]
+    assert reader.partitions(start, end) == []  # an empty batch ...
+    reader.commit(end)
+    assert _confirmed(db, slot) == LSN(end["lsn"])  # ... that moves the slot on
+
+
+def test_changelog_writer_replaces_an_interrupted_attempt(spark: Any, tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from plugin_framework.spark import ChangeLogWriter
+
+    when = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    rows: list[tuple[Any, ...]] = [
+        (100 + i, 500, i, 7, when, "INSERT", "public", "t", {"id": str(i)}, None,
+         {"id": str(i)}, None, f'{{"id":{i}}}', [], [], None, None) for i in range(3)]
+    df = spark.createDataFrame(rows, change_schema())
+    log = tmp_path / "log"
+    partition = log / "schema=public" / "table=t" / "date=2024-05-01"
+    partition.mkdir(parents=True)
+    (partition / "part-b000000000004-stale.parquet").write_bytes(b"left by a crash")
+    writer = ChangeLogWriter(str(log))
+    writer(df, 4)
+    writer(df, 4)  # delivered again: recorded, so skipped
+    assert not (partition / "part-b000000000004-stale.parquet").exists()
+    back = spark.read.parquet(str(log)).collect()
+    assert sorted((r.seq, r.batch_id, r.table, str(r.date)) for r in back) == [
+        (i, 4, "t", "2024-05-01") for i in range(3)]
