@@ -18,7 +18,7 @@ import psycopg
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.errors import SourceError, explain
 from plugin_framework.sources.slots import create_slot, list_slots
 from plugin_framework.sources.walsender import (
     Progress,
@@ -27,6 +27,7 @@ from plugin_framework.sources.walsender import (
     missing_publication,
     missing_publication_error,
     pgoutput_options,
+    run_with_reconnect,
     wal_level_error,
 )
 
@@ -50,25 +51,17 @@ class SqlSource:
         self._stop.set()
 
     def run(self) -> None:
-        backoff = 1.0
-        while True:
+        cfg = self.config
+
+        def attempt() -> None:
             try:
-                with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
+                with psycopg.connect(cfg.conninfo, autocommit=True) as conn:
                     self.progress.connected = True
                     self._run(conn)
-                    return
             except psycopg.Error as exc:
-                error = explain(exc, self.config.conninfo, self.config.slot,
-                                self.config.proto_version)
-                if not isinstance(error, ConnectionLost) or not self.config.reconnect:
-                    raise error from None
-                self.progress.connected = False
-                self.progress.reconnects += 1
-                log.warning("%s; reconnecting in %.0f s", error, backoff)
-                self.pipeline.reset()
-                if self._stop.wait(backoff):
-                    return
-                backoff = min(backoff * 2, self.config.max_backoff)
+                raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
+
+        run_with_reconnect(attempt, cfg, self.progress, self.pipeline, self._stop)
 
     def _run(self, conn: psycopg.Connection[Any]) -> None:
         cfg = self.config

@@ -165,6 +165,31 @@ def pgoutput_options(config: SourceConfig, proto_version: int, two_phase: bool,
     return opts
 
 
+def run_with_reconnect(attempt: Callable[[], None], config: SourceConfig, progress: Progress,
+                       pipeline: Pipeline, stop: threading.Event) -> None:
+    """Run ``attempt`` (connect and stream) until it returns. After a lost connection, reset
+    the pipeline (the server sends again what was not acknowledged) and try again: after
+    1 s, doubling to ``config.max_backoff``, back to 1 s once an attempt got connected.
+    Unless reconnecting is off or a stop was requested; other errors go through."""
+    backoff = 1.0
+    while True:
+        try:
+            attempt()
+            return
+        except ConnectionLost as exc:
+            if not config.reconnect or stop.is_set():
+                raise
+            if progress.connected:
+                backoff = 1.0  # that attempt got through: this is a new outage
+            progress.connected = False
+            progress.reconnects += 1
+            log.warning("%s; reconnecting in %.0f s", exc, backoff)
+            pipeline.reset()
+            if stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, config.max_backoff)
+
+
 class WalsenderSource:
     """Runs a Pipeline from a replication slot until endpos, a stop request, or an error."""
 
@@ -193,25 +218,14 @@ class WalsenderSource:
         self._stop.set()
 
     def run(self) -> None:
-        backoff = 1.0
-        while True:
+        def attempt() -> None:
             try:
                 self._connect()
-                backoff = 1.0
                 self._stream()
-                return
-            except ConnectionLost as exc:
-                if not self.config.reconnect or self._stop.is_set():
-                    raise
-                self.progress.connected = False
-                self.progress.reconnects += 1
-                log.warning("%s; reconnecting in %.0f s", exc, backoff)
-                self.pipeline.reset()
-                if self._stop.wait(backoff):
-                    return
-                backoff = min(backoff * 2, self.config.max_backoff)
             finally:
                 self._close()
+
+        run_with_reconnect(attempt, self.config, self.progress, self.pipeline, self._stop)
 
     # --- connection -----------------------------------------------------------------------------
 
