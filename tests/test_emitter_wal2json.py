@@ -136,6 +136,12 @@ class Parity:
     conn: psycopg.Connection[Any]
 
     @property
+    def upto(self) -> str:
+        """Where the pgoutput capture ends: wal2json is read up to there, so that later
+        transactions in the database (from other tests) appear on neither side."""
+        return str(max(c.lsn for c in self.captured))
+
+    @property
     def wal2json_slot(self) -> str:
         assert self.slots.wal2json is not None
         return self.slots.wal2json
@@ -167,8 +173,9 @@ def theirs(p: Parity, options: Mapping[str, str]) -> list[str]:
     """The data column of wal2json's rows."""
     flat = [x for kv in options.items() for x in kv]
     rows = p.conn.execute(
-        "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, VARIADIC %s::text[])",
-        (p.wal2json_slot, flat)).fetchall()
+        "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, "
+        "VARIADIC %s::text[])",
+        (p.wal2json_slot, p.upto, flat)).fetchall()
     return [r[0] for r in rows]
 
 
@@ -291,8 +298,8 @@ def test_commit_times_in_the_session_time_zone(parity: Parity,
                     "add-tables": "public.keyed,public.interleaved"}
             flat = [x for kv in opts.items() for x in kv]
             reference = [r[0] for r in conn.execute(
-                "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, "
-                "VARIADIC %s::text[])", (parity.wal2json_slot, flat))]
+                "SELECT data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL, "
+                "VARIADIC %s::text[])", (parity.wal2json_slot, parity.upto, flat))]
             assert "+05:45" in reference[0]
             assert_same(ours(parity, opts), reference)
     finally:
