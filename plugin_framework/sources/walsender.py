@@ -395,9 +395,7 @@ class WalsenderSource:
                     if endpos is not None and message.wal_end >= endpos \
                             and pipeline.at_boundary and not pipeline.in_flight:
                         break
-            if pipeline.at_boundary:
-                pipeline.drain()  # deliver what outputs still batch, then acknowledge it
-            self._send_status()
+            self._send_status(final=True)
             try:
                 repl.end()
             except (ReplicationError, psycopg.Error) as exc:  # acknowledged already
@@ -405,11 +403,16 @@ class WalsenderSource:
         except (ReplicationError, psycopg.Error) as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
 
-    def _send_status(self) -> None:
+    def _send_status(self, final: bool = False) -> None:
         repl = self._repl
         assert repl is not None
         pipeline = self.pipeline
         progress = self.progress
+        endpos = self.config.endpos
+        finishing = final or self._stop.is_set() or (
+            endpos is not None and pipeline.position >= endpos)
+        if finishing and pipeline.at_boundary:
+            pipeline.drain()  # outputs that batch deliver what they hold, to be acknowledged
         if self.before_status is not None:
             self.before_status()
         ack = pipeline.flush()

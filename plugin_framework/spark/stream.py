@@ -9,7 +9,6 @@ inside an existing SparkSession.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,46 +23,7 @@ from plugin_framework.spark.batcher import (
     ForeachBatchPlugin,
 )
 
-__all__ = ["AckSafeWalsenderSource", "ForeachBatchStream"]
-
-
-class AckSafeWalsenderSource(WalsenderSource):
-    """WalsenderSource whose idle acknowledgement never passes what the outputs hold.
-
-    The stock source, when nothing is in flight, acknowledges the server's WAL end even if an
-    output has not made everything durable (true of file outputs, not of a micro-batch that
-    is still filling). Here the idle shortcut applies only when every output is durable up to
-    the pipeline's position. Before the last status update (stop requested, endpos reached),
-    the micro-batch outputs deliver what they hold, so that it is acknowledged too.
-    """
-
-    def _finishing(self) -> bool:
-        endpos = self.config.endpos
-        return self._stop.is_set() or (endpos is not None and self.pipeline.position >= endpos)
-
-    def _send_status(self) -> None:
-        repl = self._repl
-        assert repl is not None
-        pipeline = self.pipeline
-        progress = self.progress
-        if self._finishing() and pipeline.at_boundary:
-            for m in pipeline.members:
-                drain = getattr(m.ctx.output, "drain", None)
-                if callable(drain):
-                    drain()
-        if self.before_status is not None:
-            self.before_status()
-        ack = pipeline.flush()
-        if (not pipeline.in_flight and pipeline.at_boundary and ack >= pipeline.position
-                and progress.server_end > ack):
-            ack = progress.server_end
-        if ack > progress.acked:
-            progress.acked = ack
-        written = max(progress.received, progress.acked)
-        repl.send_status(written, progress.acked, progress.acked)
-        self._last_status = time.monotonic()
-        if self.on_progress is not None:
-            self.on_progress(progress)
+__all__ = ["ForeachBatchStream"]
 
 
 class ForeachBatchStream:
@@ -95,7 +55,7 @@ class ForeachBatchStream:
             endpos=None if endpos is None else LSN(endpos), status_interval=status_interval,
             create_slot=create_slot, slot_two_phase=True, reconnect=reconnect)
         self.memory_limit = memory_limit
-        self.source: AckSafeWalsenderSource | None = None
+        self.source: WalsenderSource | None = None
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self._stop_requested = threading.Event()
@@ -108,7 +68,7 @@ class ForeachBatchStream:
             kwargs["memory_limit"] = self.memory_limit
         pipeline = Pipeline(**kwargs)
         pipeline.add(self.plugin, output=self.plugin.make_output())
-        self.source = AckSafeWalsenderSource(self.config, pipeline)
+        self.source = WalsenderSource(self.config, pipeline)
         if self._stop_requested.is_set():
             self.source.request_stop()
         try:
