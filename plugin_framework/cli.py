@@ -11,9 +11,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugin_framework import __version__
+
+if TYPE_CHECKING:
+    from plugin_framework.framework.rowfilter import PublicationFilters
 
 
 class UsageError(Exception):
@@ -65,17 +68,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from plugin_framework.protocol import XLogData
     from plugin_framework.sources.capture import read_capture
 
-    pipeline = build_pipeline(args, None, None)  # bad emitters or options fail first
-    header, frames = read_capture(args.file)
-    pipeline.slot_name = header.slot
-    pipeline.set_proto_version(header.proto_version)
-    pipeline.startup(is_init=False)
+    setup_logging(args)
+    # Emitters run without a catalog, as the capture was recorded; -d serves the filters.
+    # Bad filters, emitters or options fail first.
+    pipeline, filters = filtered_pipeline(args, None, None, args.dbname)
     try:
-        for frame in frames:
-            if isinstance(frame, XLogData):
-                pipeline.feed(frame.data, frame.wal_start)
+        header, frames = read_capture(args.file)
+        pipeline.slot_name = header.slot
+        pipeline.set_proto_version(header.proto_version)
+        pipeline.startup(is_init=False)
+        try:
+            for frame in frames:
+                if isinstance(frame, XLogData):
+                    pipeline.feed(frame.data, frame.wal_start)
+        finally:
+            pipeline.shutdown()
     finally:
-        pipeline.shutdown()
+        if filters is not None:
+            filters.close()
     return 0
 
 
@@ -114,6 +124,43 @@ def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo:
             output = FileOutput(target)
         pipeline.add(loaded, options=options[name], output=output)
     return pipeline
+
+
+def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFilters | None:
+    """The filters the row-filter options give (None without any), checked against the
+    catalog now. ``conninfo`` None: no catalog (replay without -d), which is enough for
+    column lists; what needs one is refused, saying to pass -d."""
+    from plugin_framework.framework.rowfilter import config_from_args
+
+    cfg = config_from_args(args)
+    if cfg is None:
+        return None
+    if conninfo is None:
+        reason = cfg.connection_reason()
+        if reason is not None:
+            raise UsageError(f"{reason}: pass -d CONNINFO, a connection to the database the "
+                             "changes come from")
+    return cfg.build(conninfo)
+
+
+def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
+                      filter_conninfo: str | None) -> tuple[Any, PublicationFilters | None]:
+    """``build_pipeline`` with the row-filter options (--row-filter, --column-list,
+    --filter-config, --filters-from-publication) as its change and truncate filters: how
+    ``stream`` and ``replay`` both apply them. The filters come first, so that a bad one is
+    refused before any output is opened, and before anything is streamed or acknowledged.
+    The caller closes the filters (their catalog connection)."""
+    filters = row_filters(args, filter_conninfo)
+    try:
+        pipeline = build_pipeline(args, slot, catalog_conninfo)
+    except BaseException:
+        if filters is not None:
+            filters.close()
+        raise
+    if filters is not None:
+        pipeline.change_filter = filters.as_change_filter()
+        pipeline.truncate_filter = filters.truncate_filter
+    return pipeline, filters
 
 
 def source_config(args: argparse.Namespace) -> Any:
@@ -230,18 +277,13 @@ def run_source(source: Any, args: argparse.Namespace) -> None:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from plugin_framework.framework.rowfilter import from_cli_args
     from plugin_framework.sources.sql import SqlSource
     from plugin_framework.sources.walsender import WalsenderSource
 
     setup_logging(args)
     config = source_config(args)
-    pipeline = build_pipeline(args, config.slot, config.conninfo)
     # Filters are checked against the catalog now: before anything is streamed or acked.
-    filters = from_cli_args(args, config.conninfo)
-    if filters is not None:
-        pipeline.change_filter = filters.as_change_filter()
-        pipeline.truncate_filter = filters.truncate_filter
+    pipeline, filters = filtered_pipeline(args, config.slot, config.conninfo, config.conninfo)
     source: Any
     if args.source == "sql":
         source = SqlSource(config, pipeline)
@@ -421,12 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-format", choices=("text", "json"), default="text")
         p.add_argument("-v", "--verbose", action="store_true")
 
+    from plugin_framework.framework.rowfilter import add_cli_arguments
+
     p = sub.add_parser("stream", help="stream a slot through emitters")
     connection_args(p)
     source_args(p)
     emitter_args(p, "json")
-    from plugin_framework.framework.rowfilter import add_cli_arguments
-
     add_cli_arguments(p)
     p.set_defaults(func=cmd_stream)
 
@@ -451,7 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="drive emitters from a capture file, without a server")
     p.add_argument("file", metavar="FILE", help="a capture written by `pgdecode capture`")
+    p.add_argument("-d", "--dbname", metavar="CONNINFO",
+                   help="the database the capture was recorded from, for the row filters that "
+                        "need its catalog (--row-filter, --filters-from-publication); the "
+                        "emitters do not use it")
     emitter_args(p, "json")
+    add_cli_arguments(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("demo", help="a tour on a throwaway embedded PostgreSQL 18")

@@ -33,6 +33,25 @@ class FilterConfig:
             self.column_lists[table] = cols
         self.publications += [p for p in other.publications if p not in self.publications]
 
+    def connection_reason(self) -> str | None:
+        """Why these filters need a connection to the source database, None if they do not:
+        publications are read from its catalog and row filters resolved with it, while column
+        lists and publish options are matched by name against the stream's descriptions."""
+        if self.publications:
+            return f'publication "{self.publications[0]}" is read from the server'
+        if self.row_filters:
+            table = next(iter(self.row_filters))
+            return (f'the row filter of table "{table}" is resolved with the server\'s catalog '
+                    "(its columns, operators, functions and constants)")
+        return None
+
+    def build(self, conninfo: str | None) -> PublicationFilters:
+        """The PublicationFilters this configuration describes, checked against the catalog
+        now (``conninfo`` None: without a catalog, see ``PublicationFilters.from_spec``)."""
+        return PublicationFilters.from_spec(
+            conninfo, self.row_filters, self.column_lists, publish=self.publish,
+            publish_via_partition_root=self.via_root, publications=self.publications)
+
 
 _KEYS = {"tables", "publish", "publish_via_partition_root", "publications"}
 
@@ -127,7 +146,7 @@ def split_table_arg(value: str, option: str) -> tuple[str, str]:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """The row-filter options of ``pgdecode stream``."""
+    """The row-filter options of ``pgdecode stream`` and ``pgdecode replay``."""
     g = parser.add_argument_group(
         "row filters and column lists",
         "Filter changes as a PostgreSQL publication with row filters and column lists "
@@ -177,8 +196,4 @@ def from_cli_args(args: argparse.Namespace,
     """The PublicationFilters the options ask for (None when no filter option is given):
     checked against the catalog now, before anything is streamed."""
     cfg = config_from_args(args)
-    if cfg is None:
-        return None
-    return PublicationFilters.from_spec(
-        conninfo, cfg.row_filters, cfg.column_lists, publish=cfg.publish,
-        publish_via_partition_root=cfg.via_root, publications=cfg.publications)
+    return None if cfg is None else cfg.build(conninfo)
