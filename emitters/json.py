@@ -135,6 +135,9 @@ def _t_bytea_base64(raw: bytes) -> str:
 def _iso_datetime(raw: bytes) -> str | None:
     """``2024-01-02 03:04:05`` -> ``2024-01-02T03:04:05``; None if not an ISO DateStyle text
     of a year AD (infinity, BC, other DateStyles stay as the server wrote them)."""
+    if raw[4:5] == b"-" and raw[10:11] == b" " and raw[-1] != 67:
+        # The common case, quickly: ISO, a four-digit year AD, the time after position 10
+        return raw.replace(b" ", b"T", 1).decode()
     sp = raw.find(b" ")
     if sp < 8 or raw[sp - 3] != 45 or raw[-1] == 67:  # '-' before the day; "... BC"
         return None
@@ -305,6 +308,24 @@ def parse_array_text(raw: bytes, element: Converter, delim: bytes = b",") -> lis
     except (ValueError, IndexError):
         raise ValueError(f"malformed array text {raw[:100]!r}") from None
 
+
+def _psycopg_arrays() -> dict[Any, Converter]:
+    """Array parsers for the elements whose JSON value psycopg's own loaders produce exactly:
+    text as ``str`` (any element type whose converter is ``bytes.decode``), integers as
+    ``int`` (orjson prints the same digits), booleans as ``bool``. psycopg parses array text in
+    C (when its binary package is installed), eight times faster than parse_array_text; array
+    text has the same syntax whatever the element type, so its ``text[]`` loader splits any."""
+    from psycopg.adapt import Transformer
+    from psycopg.pq import Format
+
+    loaders = Transformer()
+    text_array = loaders.get_loader(1009, Format.TEXT).load  # text[]
+    int_array = loaders.get_loader(1016, Format.TEXT).load  # bigint[]
+    bool_array = loaders.get_loader(1000, Format.TEXT).load  # boolean[]
+    return {bytes.decode: text_array, _Fragment: int_array, _t_bool: bool_array}
+
+
+_PSYCOPG_ARRAYS: Final = _psycopg_arrays()
 
 # --- binary format: the send format -> the server's text --------------------------------------
 
@@ -727,6 +748,9 @@ class TypeConverters:
         if kind == "array":
             element = self.text(oid) if oid else bytes.decode
             delim = _DELIMITERS.get(oid, b",")
+            fast = _PSYCOPG_ARRAYS.get(element) if delim == b"," else None
+            if fast is not None:
+                return fast
             return lambda raw: parse_array_text(raw, element, delim)
         if kind != "builtin":
             return bytes.decode

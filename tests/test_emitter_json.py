@@ -817,6 +817,31 @@ def test_array_parser() -> None:
         parse_array_text(b"{1,2", as_int)
 
 
+_SHAPES = (b"{}", b"{{}}", b"{%s,%s,NULL}", b"[-1:0]={NULL,%s}", b"{{%s,%s},{%s,%s}}",
+           b"[1:1][2:3]={{%s,%s}}")
+_ARRAY_TEXTS = {
+    (1009, 25): [
+        *(shape.replace(b"%s", b"x") for shape in _SHAPES),
+        b'{"a\\\\b","q\\"","",NULL,"NULL"}', b'{"a b",c,"{x}","x,y"}',
+        "{\"ünï\",'s',-7}".encode()],
+    (1015, 1043): [b'{"a b",NULL,"NULL",""}'],
+    (1007, INT4): [shape.replace(b"%s", b"-12") for shape in _SHAPES],
+    (1016, 20): [b"{9223372036854775807,-9223372036854775808,NULL}"],
+    (1000, 16): [shape.replace(b"%s", b"t") for shape in _SHAPES] + [b"{f,t,NULL}"],
+}
+
+
+@pytest.mark.parametrize(("oids", "raw"), [
+    (oids, raw) for oids, texts in _ARRAY_TEXTS.items() for raw in texts])
+def test_psycopg_array_parsing_matches_ours(oids: tuple[int, int], raw: bytes) -> None:
+    """Text, integer and boolean arrays are parsed by psycopg (in C); everything else by
+    parse_array_text. Both must read the server's array text the same way."""
+    text = TypeConverters().text
+    array_oid, element_oid = oids
+    expected = orjson.dumps(parse_array_text(raw, text(element_oid)))
+    assert orjson.dumps(text(array_oid)(raw)) == expected
+
+
 def test_iso_intervals_and_floats() -> None:
     assert iso_interval(0, 0, 0) == "PT0S"
     assert iso_interval(-14, 0, 0) == "P-1Y-2M"

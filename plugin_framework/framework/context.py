@@ -40,6 +40,20 @@ class OutputRecord:
     data: bytes
 
 
+# A record is made for every line a plugin writes: set the frozen dataclass's slots directly,
+# as the decoder does for its messages (its generated __init__ costs three times as much).
+_new = object.__new__
+_SET_LSN, _SET_XID, _SET_DATA = (OutputRecord.__dict__[f].__set__ for f in ("lsn", "xid", "data"))
+
+
+def _record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:
+    record: OutputRecord = _new(OutputRecord)
+    _SET_LSN(record, lsn)
+    _SET_XID(record, xid)
+    _SET_DATA(record, data)
+    return record
+
+
 class OutputError(Exception):
     """A plugin wrote outside a callback or wrote data its output type does not allow."""
 
@@ -145,8 +159,7 @@ class FileOutput:
             return 0
 
     def write(self, record: OutputRecord) -> None:
-        self._write(record.data)
-        self._write(b"\n")
+        self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
 
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
@@ -221,17 +234,20 @@ class LogicalDecodingContext:
                 f'output plugin "{self.plugin_name}" called write() without prepare_write()'
             )
         data = bytes(self.out)
-        if self.options.output_type is OutputType.TEXTUAL:
+        self._check_textual(data)
+        self.output.write(_record(self.write_location, self.write_xid, data))
+        self._prepared = False
+
+    def _check_textual(self, raw: bytes) -> None:
+        if self.options.output_type is OutputType.TEXTUAL and not raw.isascii():
             try:
-                data.decode()
+                raw.decode()
             except UnicodeDecodeError as exc:
                 raise OutputError(
                     f'output plugin "{self.plugin_name}" produced invalid UTF-8 at byte '
                     f"{exc.start} in textual mode; set ctx.options.output_type = "
                     "OutputType.BINARY in startup to write binary data"
                 ) from None
-        self.output.write(OutputRecord(self.write_location, self.write_xid, data))
-        self._prepared = False
 
     def emit(self, data: str | bytes) -> None:
         """prepare_write, append ``data``, write: the common case in one call (and cheaper:
@@ -241,16 +257,8 @@ class LogicalDecodingContext:
                 f'output plugin "{self.plugin_name}" wrote outside of a callback that may write'
             )
         if isinstance(data, str):
-            raw = data.encode()
+            raw = data.encode()  # valid UTF-8 by construction
         else:
-            raw = bytes(data)
-            if self.options.output_type is OutputType.TEXTUAL:
-                try:
-                    raw.decode()
-                except UnicodeDecodeError as exc:
-                    raise OutputError(
-                        f'output plugin "{self.plugin_name}" produced invalid UTF-8 at byte '
-                        f"{exc.start} in textual mode; set ctx.options.output_type = "
-                        "OutputType.BINARY in startup to write binary data"
-                    ) from None
-        self.output.write(OutputRecord(self.write_location, self.write_xid, raw))
+            raw = data if type(data) is bytes else bytes(data)
+            self._check_textual(raw)
+        self.output.write(_record(self.write_location, self.write_xid, raw))

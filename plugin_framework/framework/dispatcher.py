@@ -33,6 +33,7 @@ from plugin_framework.framework.model import (
     Row,
     Transaction,
     TruncateChange,
+    new_change,
 )
 from plugin_framework.framework.plugin import LoadedPlugin
 from plugin_framework.framework.spool import Spool, SpoolBudget
@@ -62,6 +63,7 @@ from plugin_framework.protocol import (
 from plugin_framework.protocol import Relation as RelationMessage
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
 
 
 class PipelineError(Exception):
@@ -80,12 +82,13 @@ class CallbackError(Exception):
 class Member:
     """One plugin of a pipeline, with its own context and output."""
 
-    __slots__ = ("callbacks", "ctx", "plugin")
+    __slots__ = ("callbacks", "ctx", "on_change", "plugin")
 
     def __init__(self, plugin: LoadedPlugin, ctx: LogicalDecodingContext) -> None:
         self.plugin = plugin
         self.ctx = ctx
         self.callbacks = plugin.callbacks
+        self.on_change = plugin.callbacks["change"]
 
     def call(self, cb: str, lsn: LSN, xid: int | None, *args: Any, writes: bool = True) -> Any:
         ctx = self.ctx
@@ -97,14 +100,33 @@ class Member:
         except CallbackError:
             raise
         except Exception as exc:
-            slot = f'slot "{ctx.slot_name}", ' if ctx.slot_name else ""
-            raise CallbackError(
-                f'{slot}output plugin "{self.plugin.name}", in the {cb} callback, '
-                f"associated LSN {lsn}",
-                exc,
-            ) from exc
+            raise self._error(cb, lsn, exc) from exc
         finally:
             ctx.accept_writes = False
+
+    def call_change(self, lsn: LSN, xid: int | None, txn: Transaction, change: Change) -> None:
+        """``call("change", ...)``, unrolled: it runs once per row change."""
+        ctx = self.ctx
+        ctx.write_location = lsn
+        ctx.write_xid = xid
+        ctx.accept_writes = True
+        try:
+            self.on_change(ctx, txn, change.relation, change)
+        except CallbackError:
+            raise
+        except Exception as exc:
+            raise self._error("change", lsn, exc) from exc
+        finally:
+            ctx.accept_writes = False
+
+    def _error(self, cb: str, lsn: LSN, exc: Exception) -> CallbackError:
+        ctx = self.ctx
+        slot = f'slot "{ctx.slot_name}", ' if ctx.slot_name else ""
+        return CallbackError(
+            f'{slot}output plugin "{self.plugin.name}", in the {cb} callback, '
+            f"associated LSN {lsn}",
+            exc,
+        )
 
 
 @dataclass(eq=False)
@@ -355,18 +377,18 @@ class Pipeline:
         rel = self._relation(m.relation_id, state)
         change: Change
         if type(m) is Insert:
-            change = Change(Action.INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
+            change = new_change(INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
         elif type(m) is Update:
             before = m.key if m.key is not None else m.old
-            change = Change(Action.UPDATE, rel, Row(rel, m.new),
-                            None if before is None else Row(rel, before), m.key is not None,
-                            lsn, m.xid)
+            change = new_change(UPDATE, rel, Row(rel, m.new),
+                                None if before is None else Row(rel, before), m.key is not None,
+                                lsn, m.xid)
         else:
             assert isinstance(m, Delete)
             before = m.key if m.key is not None else m.old
             assert before is not None
-            change = Change(Action.DELETE, rel, None, Row(rel, before), m.key is not None, lsn,
-                            m.xid)
+            change = new_change(DELETE, rel, None, Row(rel, before), m.key is not None, lsn,
+                                m.xid)
         if self.change_filter is not None:
             return self.change_filter(change)
         return change
@@ -466,14 +488,18 @@ class Pipeline:
 
             self._stream_item(stream, lsn, m.xid, raw, "stream_change", args)
             return
-        state = self._current("change")
-        change = self._change(m, lsn, state) if state.live else None
+        state = self._txn
+        if state is None or not state.started:
+            state = self._current("change")
+        live = state.live
+        change = self._change(m, lsn, state) if live else None
         if change is not None:
-            view = self._view
+            views = state.views
             members = self.members
-            for i in state.live:
-                members[i].call("change", lsn, state.base.xid, view(state, i), change.relation,
-                                change)
+            for i in live:
+                view = views.get(i)
+                members[i].call_change(lsn, state.base.xid,
+                                       self._view(state, i) if view is None else view, change)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 

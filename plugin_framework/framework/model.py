@@ -195,6 +195,29 @@ class Change:
     xid: int | None = None  # the (sub)transaction that made it, inside stream blocks
 
 
+# The dispatcher builds a Change for every row change. A frozen dataclass's generated __init__
+# stores each field through object.__setattr__; setting the slots directly builds the same
+# object in a third of the time. Every field is set, and Change has no __post_init__.
+_new = object.__new__
+(_SET_ACTION, _SET_RELATION, _SET_NEW, _SET_OLD, _SET_OLD_IS_KEY, _SET_LSN, _SET_XID) = (
+    Change.__dict__[f].__set__
+    for f in ("action", "relation", "new", "old", "old_is_key", "lsn", "xid"))
+
+
+def new_change(action: Action, relation: Relation, new: Row | None, old: Row | None,
+               old_is_key: bool, lsn: LSN, xid: int | None) -> Change:
+    """``Change(...)``, faster (for the dispatcher's hot path)."""
+    change: Change = _new(Change)
+    _SET_ACTION(change, action)
+    _SET_RELATION(change, relation)
+    _SET_NEW(change, new)
+    _SET_OLD(change, old)
+    _SET_OLD_IS_KEY(change, old_is_key)
+    _SET_LSN(change, lsn)
+    _SET_XID(change, xid)
+    return change
+
+
 @dataclass(frozen=True, slots=True)
 class TruncateChange:
     cascade: bool

@@ -22,6 +22,14 @@ _XLOGDATA = struct.Struct(">cQQq")
 _KEEPALIVE = struct.Struct(">cQqB")
 _STATUS = struct.Struct(">cQQQqB")
 
+# For readers that take XLogData apart in their hot loop without building an XLogData (the
+# walsender source): the type byte, the header's size (the pgoutput message follows it), and
+# the start LSN, read at offset 1. A payload shorter than the header goes to decode_copy_data,
+# which raises the proper error.
+XLOGDATA_TAG = 0x77  # 'w'
+XLOGDATA_HEADER_SIZE = _XLOGDATA.size
+xlogdata_wal_start = struct.Struct(">Q").unpack_from
+
 
 @dataclass(frozen=True, slots=True)
 class XLogData:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 _LSN_TEXT = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
 _MAX = (1 << 64) - 1
+_int_new = int.__new__
 
 
 class LSN(int):
@@ -14,6 +16,8 @@ class LSN(int):
     __slots__ = ()
 
     def __new__(cls, value: int | str = 0) -> LSN:
+        if type(value) is int and 0 <= value <= _MAX:  # the common case first
+            return _int_new(cls, value)
         if isinstance(value, str):
             match = _LSN_TEXT.fullmatch(value.strip())
             if match is None:
@@ -31,3 +35,7 @@ class LSN(int):
 
 
 INVALID_LSN = LSN(0)
+
+# An LSN read from the wire: an unsigned 64-bit field is in range by construction, so the hot
+# paths skip LSN()'s checks (a third of the time).
+wire_lsn = functools.partial(_int_new, LSN)

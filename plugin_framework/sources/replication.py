@@ -24,6 +24,8 @@ from plugin_framework.protocol import (
     encode_copy_data,
 )
 
+_BATCH = 512  # read_batch returns at most this many payloads
+
 
 class ReplicationError(Exception):
     """The replication stream ended; ``sqlstate`` is the server's error code, if it sent one."""
@@ -57,6 +59,7 @@ class ReplicationStream:
             conninfo, replication="database", autocommit=True, **connect_kwargs
         )
         self._streaming = False
+        self._copy_ended = False  # read_batch saw the end of the copy, not yet reported
 
     def identify_system(self) -> tuple[str, int, LSN, str | None]:
         """(system id, timeline, current WAL flush LSN, database name)."""
@@ -86,6 +89,38 @@ class ReplicationStream:
             ready, _, _ = select.select([pgconn.socket], [], [], timeout)
             if not ready:
                 return None
+            pgconn.consume_input()
+            timeout = 0.0
+
+    def read_batch(self, timeout: float) -> list[memoryview]:
+        """Every CopyData payload buffered now, raw ('w' XLogData or 'k' keepalive, see
+        plugin_framework.protocol.framing); waits up to ``timeout`` s for the first. Empty if
+        none arrived in time. Reading in batches takes the per-message bookkeeping (clock,
+        stop requests) out of the hot loop."""
+        pgconn = self.conn.pgconn
+        get = pgconn.get_copy_data
+        batch: list[memoryview] = []
+        if self._copy_ended:
+            self._copy_ended = self._streaming = False
+            self._raise_copy_end()
+        while True:
+            nbytes, data = get(1)
+            if nbytes > 0:
+                batch.append(data)
+                if len(batch) < _BATCH:
+                    continue
+                return batch
+            if nbytes < 0:
+                if batch:  # deliver these first; the next call reports the end
+                    self._copy_ended = True
+                    return batch
+                self._streaming = False
+                self._raise_copy_end()
+            if batch:
+                return batch
+            ready, _, _ = select.select([pgconn.socket], [], [], timeout)
+            if not ready:
+                return batch
             pgconn.consume_input()
             timeout = 0.0
 

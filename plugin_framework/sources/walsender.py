@@ -22,7 +22,13 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
-from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData
+from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData, decode_copy_data
+from plugin_framework.protocol.framing import (
+    XLOGDATA_HEADER_SIZE,
+    XLOGDATA_TAG,
+    xlogdata_wal_start,
+)
+from plugin_framework.protocol.lsn import wire_lsn
 from plugin_framework.sources.errors import (
     ConnectionLost,
     SourceError,
@@ -359,42 +365,60 @@ class WalsenderSource:
         progress = self.progress
         try:
             stop = self._stop.is_set
-            read = repl.read
+            read_batch = repl.read_batch
             feed = pipeline.feed
             tap = self.tap
             interval = cfg.status_interval
             endpos = cfg.endpos
             monotonic = time.monotonic
-            while True:
+            header = XLOGDATA_HEADER_SIZE
+            wal_start_of = xlogdata_wal_start
+            finished = False
+            while not finished:
                 if stop() and pipeline.at_boundary:
                     break
-                now = monotonic()
-                wait = self._last_status + interval - now
+                wait = self._last_status + interval - monotonic()
                 if wait <= 0:
                     self._send_status()
                     wait = interval
-                message = read(min(wait, 1.0))
-                if message is None:
-                    continue
-                if tap is not None:
-                    tap(message)
-                if type(message) is XLogData:
-                    progress.messages += 1
-                    wal_start = message.wal_start
-                    if wal_start > progress.received:
-                        progress.received = wal_start
-                    feed(message.data, wal_start)
+                received = progress.received
+                batch = read_batch(min(wait, 1.0))
+                progress.messages += len(batch)  # keepalives are taken off below
+                for raw in batch:
+                    if raw[0] == XLOGDATA_TAG and len(raw) >= header and tap is None:
+                        # The hot path: no XLogData object, no send time.
+                        wal_start = wire_lsn(wal_start_of(raw, 1)[0])
+                        if wal_start > received:
+                            received = wal_start
+                        feed(raw[header:].tobytes(), wal_start)
+                    else:
+                        message = decode_copy_data(raw)
+                        if tap is not None:
+                            tap(message)
+                        if type(message) is XLogData:
+                            if message.wal_start > received:
+                                received = message.wal_start
+                            feed(message.data, message.wal_start)
+                        else:
+                            assert isinstance(message, PrimaryKeepalive)
+                            progress.messages -= 1
+                            progress.server_end = message.wal_end
+                            progress.server_time = message.send_time.timestamp()
+                            if message.reply_requested:
+                                progress.received = received
+                                self._send_status()
+                            if endpos is not None and message.wal_end >= endpos \
+                                    and pipeline.at_boundary and not pipeline.in_flight:
+                                finished = True
+                                break
+                            continue
                     if endpos is not None and pipeline.at_boundary \
                             and pipeline.position >= endpos:
+                        finished = True
                         break
-                elif isinstance(message, PrimaryKeepalive):
-                    progress.server_end = message.wal_end
-                    progress.server_time = message.send_time.timestamp()
-                    if message.reply_requested:
-                        self._send_status()
-                    if endpos is not None and message.wal_end >= endpos \
-                            and pipeline.at_boundary and not pipeline.in_flight:
+                    if stop() and pipeline.at_boundary:
                         break
+                progress.received = received
             self._send_status(final=True)
             try:
                 repl.end()
