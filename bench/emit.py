@@ -33,14 +33,8 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode import (  # bench/ is not a package
-    PUBLICATION,
-    SCHEMA,
-    SLOT,
-    choose_bindir,
-    load_frames,
-    run_workload,
-)
+from decode import SLOT, load_frames  # bench/ is not a package
+from workload import PUBLICATION, SCHEMA, choose_bindir, run_workload
 
 from plugin_framework import LSN, OutputPlugin, OutputRecord, Pipeline
 from plugin_framework.framework.registry import load_emitter

@@ -33,47 +33,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
-TABLE = "bench_orders"
-PUBLICATION = "bench_pub"
-TX_INSERTS, TX_UPDATES, TX_DELETES = 800, 150, 50  # 1000 changes per transaction
-
-SCHEMA = f"""
-CREATE TABLE {TABLE} (
-    id bigint PRIMARY KEY,
-    name text,
-    amount numeric(12,2),
-    created timestamptz,
-    active boolean,
-    tags text[],
-    payload jsonb
-);
-CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};
-"""
-
-INSERT_ROWS = f"""
-INSERT INTO {TABLE}
-SELECT g,
-       'customer ' || left(md5(g::text), 6 + (g %% 20)::int),
-       (g %% 1000003) / 100.0,
-       timestamptz '2024-01-01 00:00:00+00' + g * interval '1.5 seconds',
-       g %% 3 <> 0,
-       CASE WHEN g %% 10 = 0 THEN NULL
-            ELSE ARRAY['tag' || g %% 7, 'a "quoted" tag', 'region-' || g %% 13] END,
-       CASE WHEN g %% 7 = 0 THEN NULL
-            ELSE jsonb_build_object('sku', 'SKU-' || g %% 997, 'qty', g %% 17,
-                                    'note', 'line with ''quotes'' and ünïcode', 'ok', g %% 2 = 0)
-       END
-FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
-"""
-UPDATE_ROWS = f"""
-UPDATE {TABLE} SET amount = amount + 1.25, active = NOT active, name = name || ' (updated)'
-WHERE id BETWEEN %(first)s AND %(last)s
-"""
-DELETE_ROWS = f"DELETE FROM {TABLE} WHERE id BETWEEN %(first)s AND %(last)s"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import PUBLICATION, SCHEMA, run_workload  # bench/ is not a package
 
 
 def default_emitter() -> str:
@@ -81,22 +45,6 @@ def default_emitter() -> str:
 
     names = {e.name for e in installed_emitters()}
     return "json" if "json" in names else "simple"
-
-
-def run_workload(conn: psycopg.Connection[Any], changes: int) -> int:
-    """Transactions of 1000 changes until ``changes``; returns how many were made."""
-    made = 0
-    next_id = 1
-    while made < changes:
-        with conn.transaction():
-            first = next_id
-            last = first + TX_INSERTS - 1
-            conn.execute(INSERT_ROWS, {"first": first, "last": last})
-            conn.execute(UPDATE_ROWS, {"first": first, "last": first + TX_UPDATES - 1})
-            conn.execute(DELETE_ROWS, {"first": last - TX_DELETES + 1, "last": last})
-        next_id = last + 1
-        made += TX_INSERTS + TX_UPDATES + TX_DELETES
-    return made
 
 
 def timed(command: Sequence[str], env: dict[str, str] | None = None) -> float:
