@@ -17,6 +17,7 @@ plugin still waits for.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -64,6 +65,8 @@ from plugin_framework.protocol import Relation as RelationMessage
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
+_ROW_CHANGE_TAGS = (b"I", b"U", b"D")
+_XID = struct.Struct(">I")  # a streamed change's (sub)transaction id, after its type byte
 
 
 class PipelineError(Exception):
@@ -247,6 +250,15 @@ class Pipeline:
 
     def feed(self, data: bytes, lsn: LSN) -> None:
         """One pgoutput message as the server sent it, and its XLogData start LSN."""
+        stream = self._stream
+        if stream is not None and stream.in_block and not stream.live \
+                and stream.spool is not None and data[:1] in _ROW_CHANGE_TAGS \
+                and len(data) >= 5:
+            # A row change of a streamed transaction that only goes to the spool: its rows are
+            # parsed once, at replay, not also now (a malformed one is reported then).
+            self.changes += 1
+            stream.spool.append(lsn, _XID.unpack_from(data, 1)[0], True, data)
+            return
         message = self.decoder.decode(data)
         self._handlers[type(message)](message, lsn, data)
 
@@ -833,9 +845,10 @@ class Pipeline:
         args: tuple[Any, ...]
         if isinstance(msg, (Insert, Update, Delete)):
             change = self._change(msg, lsn, overlay)
-            if change is None:
-                return
-            cb, args = "change", (change.relation, change)
+            if change is not None:
+                for i in members:
+                    self.members[i].call_change(lsn, views[i].xid, views[i], change)
+            return
         elif isinstance(msg, Truncate):
             truncated = self._truncate_args(msg, lsn, overlay)
             if truncated is None:
