@@ -89,8 +89,8 @@ def _t_float(raw: bytes) -> Any:
     return _Fragment(raw) if 47 < raw[-1] < 58 else raw.decode()
 
 
-def _t_bool(raw: bytes) -> bool:
-    return raw == b"t"
+# boolean text is "t" or "f": a dict lookup, called from C, is the cheapest conversion
+_t_bool: Final[Callable[[bytes], bool]] = {b"t": True, b"f": False}.__getitem__
 
 
 def _t_json(raw: bytes) -> Any:
@@ -309,23 +309,35 @@ def parse_array_text(raw: bytes, element: Converter, delim: bytes = b",") -> lis
         raise ValueError(f"malformed array text {raw[:100]!r}") from None
 
 
-def _psycopg_arrays() -> dict[Any, Converter]:
-    """Array parsers for the elements whose JSON value psycopg's own loaders produce exactly:
-    text as ``str`` (any element type whose converter is ``bytes.decode``), integers as
-    ``int`` (orjson prints the same digits), booleans as ``bool``. psycopg parses array text in
-    C (when its binary package is installed), eight times faster than parse_array_text; array
-    text has the same syntax whatever the element type, so its ``text[]`` loader splits any."""
+def _psycopg_array_loaders() -> tuple[Converter, Converter, Converter]:
+    """psycopg's parsers of array text into lists of ``str``, ``int`` and ``bool``: in C when
+    its binary package is installed, eight times faster than parse_array_text. Array text has
+    the same syntax whatever the element type, so the ``text[]`` loader splits any array."""
     from psycopg.adapt import Transformer
     from psycopg.pq import Format
 
     loaders = Transformer()
-    text_array = loaders.get_loader(1009, Format.TEXT).load  # text[]
-    int_array = loaders.get_loader(1016, Format.TEXT).load  # bigint[]
-    bool_array = loaders.get_loader(1000, Format.TEXT).load  # boolean[]
-    return {bytes.decode: text_array, _Fragment: int_array, _t_bool: bool_array}
+    return (loaders.get_loader(1009, Format.TEXT).load,  # text[]
+            loaders.get_loader(1016, Format.TEXT).load,  # bigint[]
+            loaders.get_loader(1000, Format.TEXT).load)  # boolean[]
 
 
-_PSYCOPG_ARRAYS: Final = _psycopg_arrays()
+_TEXT_ARRAY, _INTEGER_ARRAY, _BOOL_ARRAY = _psycopg_array_loaders()
+_INTEGERS: Final = frozenset((INT2, INT4, INT8, OID, XID, CID, XID8))
+
+
+def _psycopg_array(element_oid: int, element: Converter) -> Converter | None:
+    """psycopg's parser for arrays whose elements' JSON values it produces exactly: text as
+    ``str`` (any element converted by ``bytes.decode``), integers as ``int`` (orjson prints the
+    server's digits), booleans as ``bool``; None for the others."""
+    if element is bytes.decode:
+        return _TEXT_ARRAY
+    if element_oid in _INTEGERS:
+        return _INTEGER_ARRAY
+    if element_oid == BOOL:
+        return _BOOL_ARRAY
+    return None
+
 
 # --- binary format: the send format -> the server's text --------------------------------------
 
@@ -748,7 +760,7 @@ class TypeConverters:
         if kind == "array":
             element = self.text(oid) if oid else bytes.decode
             delim = _DELIMITERS.get(oid, b",")
-            fast = _PSYCOPG_ARRAYS.get(element) if delim == b"," else None
+            fast = _psycopg_array(oid, element) if delim == b"," else None
             if fast is not None:
                 return fast
             return lambda raw: parse_array_text(raw, element, delim)
@@ -765,7 +777,9 @@ class TypeConverters:
             return _t_float if self.numeric_as == "number" else bytes.decode
         if oid == BOOL:
             return _t_bool
-        if oid in (JSON, JSONB):
+        if oid == JSONB:
+            return _Fragment  # jsonb's text is one line: jsonb_out escapes line breaks
+        if oid == JSON:
             return _t_json
         if oid == BYTEA:
             return _t_bytea_hex if self.bytea == "hex" else _t_bytea_base64

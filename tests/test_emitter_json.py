@@ -29,6 +29,7 @@ from workload import Facts, create_schema, run_workload
 from emitters.json import (
     INT4,
     JSONB,
+    NUMERIC,
     JsonEmitter,
     TypeConverters,
     iso_interval,
@@ -828,6 +829,8 @@ _ARRAY_TEXTS = {
     (1007, INT4): [shape.replace(b"%s", b"-12") for shape in _SHAPES],
     (1016, 20): [b"{9223372036854775807,-9223372036854775808,NULL}"],
     (1000, 16): [shape.replace(b"%s", b"t") for shape in _SHAPES] + [b"{f,t,NULL}"],
+    (3807, JSONB): [b'{"{\\"a\\": [1, 2.50]}",NULL,"1","\\"s\\""}'],  # parse_array_text's
+    (1231, NUMERIC): [b"{1.50,NaN,NULL}"],
 }
 
 
@@ -835,7 +838,8 @@ _ARRAY_TEXTS = {
     (oids, raw) for oids, texts in _ARRAY_TEXTS.items() for raw in texts])
 def test_psycopg_array_parsing_matches_ours(oids: tuple[int, int], raw: bytes) -> None:
     """Text, integer and boolean arrays are parsed by psycopg (in C); everything else by
-    parse_array_text. Both must read the server's array text the same way."""
+    parse_array_text (jsonb and numeric here). Both must read the server's array text the
+    same way, and each array type must reach its own elements' converter."""
     text = TypeConverters().text
     array_oid, element_oid = oids
     expected = orjson.dumps(parse_array_text(raw, text(element_oid)))
