@@ -45,15 +45,17 @@ Known differences (docs/emitters-text.md has the details):
   ``format_type`` through ``ctx.catalog`` when the pipeline has one, which names them as
   they are now rather than as they were when the change was made. Without a catalog, a
   ``_name`` is printed ``name[]`` and a domain as its base type.
-- Identifiers are quoted with the keyword list of the PostgreSQL release pglast is built on
-  (18): a column named after a keyword that is new in 16-18 (``system_user``, ``json_table``
-  ...) is quoted where PostgreSQL 15 prints it bare.
+- Identifiers are quoted as the server the stream comes from quotes them: the few names
+  whose quoting changed between PostgreSQL 15 and 18 (``system_user``, ``json_table``,
+  ``merge_action``...: keywords since 16 or 17) by that server's version, taken when one
+  of them is met from ``ctx.server_version`` if the source set it, else through the
+  catalog; without either (``pgdecode replay`` today), as 18 quotes them.
 - ``include-timestamp`` prints times in the TimeZone of a session opened with the catalog's
   connection string (which is what the walsender of that connection would use), read once;
   without a catalog in ``$PGTZ``, else UTC.
 - A transactional message with ``skip-empty-xacts`` opens the transaction (prints BEGIN, or
-  the stream block's opening line) from PostgreSQL 17 on, not before: the server's major
-  version is read through the catalog when there is one; without, the newer behaviour.
+  the stream block's opening line) from PostgreSQL 17 on, not before: the server version
+  is read as for quoting; without it, the newer behaviour.
 - Column values are the server's text output, so they depend on the settings (DateStyle,
   IntervalStyle, extra_float_digits, bytea_output, TimeZone) of the session that decoded
   the pgoutput stream, exactly as test_decoding's depend on its own session's.
@@ -66,6 +68,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from itertools import compress
 from typing import Any, Final
@@ -84,7 +87,11 @@ from plugin_framework import (
     Transaction,
     TruncateChange,
 )
-from plugin_framework.framework.format_type import format_type_be, quote_identifier
+from plugin_framework.framework.format_type import (
+    VERSIONED_KEYWORDS,
+    format_type_be,
+    quote_identifier,
+)
 from plugin_framework.protocol import TupleData
 
 __all__ = ["OPTIONS", "TestDecodingEmitter", "quote_literal", "timestamptz_to_str"]
@@ -179,17 +186,18 @@ class _RelationText:
     __slots__ = ("columns", "delete", "insert", "key_patterns", "patterns", "relation",
                  "tuple_columns", "update")
 
-    def __init__(self, relation: Relation, type_names: list[str]) -> None:
+    def __init__(self, relation: Relation, type_names: list[str],
+                 quote: Callable[[str], str] = quote_identifier) -> None:
         self.relation = relation
         self.columns = relation.columns
-        table = ("table " + quote_identifier(relation.namespace) + "."
-                 + quote_identifier(relation.name) + ":").encode()
+        table = ("table " + quote(relation.namespace) + "." + quote(relation.name)
+                 + ":").encode()
         self.insert = table + b" INSERT:"
         self.update = table + b" UPDATE:"
         self.delete = table + b" DELETE:"
         cols = []
         for column, type_name in zip(relation.columns, type_names, strict=True):
-            bare = f" {quote_identifier(column.name)}[{type_name}]:".encode()
+            bare = f" {quote(column.name)}[{type_name}]:".encode()
             style = _STYLES.get(column.type_oid, _QUOTED)
             head = bare + (b"'" if style == _QUOTED else b"B'" if style == _BIT else b"")
             cols.append((style, head, bare))
@@ -319,7 +327,8 @@ class _State:
         self.relations: dict[int, _RelationText] = {}
         self.catalog_types: dict[int, str | None] = {}
         self.zone: tzinfo | None = None
-        self.server_major: int | None = None
+        self.server_version: int | None = None  # server_version_num; None: unknown
+        self.server_version_known = False
         self.catalog_failed = False
 
 
@@ -380,7 +389,9 @@ class TestDecodingEmitter(OutputPlugin):
             state.catalog_types[oid] = (
                 found if isinstance(found, str) and found != "???" else None)
         found = state.catalog_types[oid]
-        return found if found is not None else _type_name_from_stream(column)
+        if found is not None:
+            return found
+        return _type_name_from_stream(column, lambda name: self._quote(ctx, state, name))
 
     def _relation(self, ctx: Any, state: _State, relation: Relation) -> _RelationText:
         text = state.relations.get(relation.relation_id)
@@ -392,8 +403,30 @@ class TestDecodingEmitter(OutputPlugin):
                 text.relation = relation  # the same description in a new object
                 return text
         names = [self._type_name(ctx, state, c) for c in relation.columns]
-        text = state.relations[relation.relation_id] = _RelationText(relation, names)
+        text = state.relations[relation.relation_id] = _RelationText(
+            relation, names, lambda name: self._quote(ctx, state, name))
         return text
+
+    def _quote(self, ctx: Any, state: _State, name: str) -> str:
+        """quote_identifier as the stream's server does it: the version is needed (and asked
+        for) only for the few names whose quoting changed between releases."""
+        if name in VERSIONED_KEYWORDS:
+            return quote_identifier(name, self._server_version(ctx, state))
+        return quote_identifier(name)
+
+    def _server_version(self, ctx: Any, state: _State) -> int | None:
+        """The server_version_num of the server the stream comes from, once; None when
+        unknown (the newest release's behaviour is followed then). A source that knows it
+        may put it in ``ctx.server_version``; otherwise it is asked through the catalog."""
+        if not state.server_version_known:
+            state.server_version_known = True
+            version = getattr(ctx, "server_version", None)
+            if not (isinstance(version, int) and version > 0):
+                num = self._catalog_query(
+                    ctx, state, "SELECT current_setting('server_version_num')")
+                version = int(num) if isinstance(num, str) and num.isdigit() else None
+            state.server_version = version
+        return state.server_version
 
     def _zone(self, ctx: Any, state: _State) -> tzinfo:
         if state.zone is None:
@@ -419,10 +452,8 @@ class TestDecodingEmitter(OutputPlugin):
     def _messages_open_xacts(self, ctx: Any, state: _State) -> bool:
         """Whether a transactional message counts as a change for skip-empty-xacts: from
         PostgreSQL 17 on (15 and 16 print it without BEGIN and without counting it)."""
-        if state.server_major is None:
-            num = self._catalog_query(ctx, state, "SELECT current_setting('server_version_num')")
-            state.server_major = int(num) // 10000 if isinstance(num, str) else 1_000
-        return state.server_major >= 17
+        version = self._server_version(ctx, state)
+        return version is None or version >= 170000
 
     def _at(self, ctx: Any, state: _State, moment: datetime | None) -> str:
         if moment is None:
@@ -507,8 +538,8 @@ class TestDecodingEmitter(OutputPlugin):
             if not data.wrote:
                 self._emit_begin(ctx, state, txn)
             data.wrote = True
-        names = ", ".join(quote_identifier(r.namespace) + "." + quote_identifier(r.name)
-                          for r in relations)
+        names = ", ".join(self._quote(ctx, state, r.namespace) + "."
+                          + self._quote(ctx, state, r.name) for r in relations)
         flags = ""
         if change.restart_identity:
             flags += " restart_seqs"
@@ -662,10 +693,11 @@ class TestDecodingEmitter(OutputPlugin):
             ctx.emit(head.encode() + b" content:" + message)
 
 
-def _type_name_from_stream(column: Column) -> str:
+def _type_name_from_stream(column: Column, quote: Callable[[str], str]) -> str:
     """A non-built-in type's name as pgoutput's Type message gave it (Column.type_name,
-    format_type with the typmod), without typmod, and ``_name`` read as the array
-    ``name[]``."""
+    format_type with the typmod), without typmod, ``_name`` read as the array ``name[]``,
+    and its identifiers quoted by ``quote`` (Column.type_name quotes as the newest release
+    does)."""
     name = column.type_name
     suffix = f"({column.type_modifier})"
     if column.type_modifier >= 0 and name.endswith(suffix):
@@ -674,8 +706,21 @@ def _type_name_from_stream(column: Column) -> str:
     if match is None:
         return name
     namespace, ident = match.groups()
+    if namespace:
+        namespace = _requote(namespace, quote)
     plain = _unquote(ident)
     if len(plain) > 1 and plain.startswith("_"):
-        element = quote_identifier(plain[1:]) + "[]"
+        element = quote(plain[1:]) + "[]"
         return f"{namespace}.{element}" if namespace else element
-    return name
+    ident = _requote(ident, quote)
+    return f"{namespace}.{ident}" if namespace else ident
+
+
+def _requote(ident: str, quote: Callable[[str], str]) -> str:
+    """A quoted identifier whose quoting depends on the release, quoted again by ``quote``.
+    Only quoted ones: a bare ``json`` is the built-in type's name, which is never quoted."""
+    if ident.startswith('"'):
+        plain = _unquote(ident)
+        if plain in VERSIONED_KEYWORDS:
+            return quote(plain)
+    return ident

@@ -7,11 +7,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pglast
 import pytest
+from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 
 from plugin_framework.framework.format_type import (
     _ARRAY_ELEMENTS,
+    _FIXED_NAMES,
+    _NEWEST,
+    _QUOTED_KEYWORDS,
+    _QUOTED_SINCE,
     _TYPNAMES,
+    VERSIONED_KEYWORDS,
     format_type,
     format_type_be,
     format_type_sql,
@@ -92,6 +99,56 @@ def test_invalid_interval_typmod_fails_like_the_server() -> None:
 )
 def test_quote_identifier(name: str, quoted: str) -> None:
     assert quote_identifier(name) == quoted
+    for version in (150000, 160000, 170000, 180000):
+        assert quote_identifier(name, version) == quoted
+
+
+@pytest.mark.parametrize(
+    ("name", "first_quoted"),
+    [
+        ("system_user", 16),  # reserved from 16
+        ("json_array", 16),  # column-name keyword from 16
+        ("json", 17),  # unreserved in 16, column-name keyword from 17
+        ("json_table", 17),
+        ("merge_action", 17),
+    ],
+)
+def test_quote_identifier_by_server_version(name: str, first_quoted: int) -> None:
+    for major in (14, 15, 16, 17, 18, 19):
+        expected = f'"{name}"' if major >= first_quoted else name
+        assert quote_identifier(name, major * 10000 + 3) == expected, major
+    assert quote_identifier(name) == f'"{name}"'  # unknown: as the newest release
+
+
+def test_versioned_keywords_against_pglast() -> None:
+    # pglast's keyword lists must be those of the newest release of the table: a pglast
+    # built on a newer PostgreSQL needs that release's differences added to _QUOTED_SINCE.
+    assert pglast.get_postgresql_version()[0] == _NEWEST
+    assert _QUOTED_KEYWORDS == RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS
+    assert VERSIONED_KEYWORDS <= _QUOTED_KEYWORDS
+    assert all(16 <= since <= _NEWEST for since in _QUOTED_SINCE.values())
+
+
+def test_builtin_type_names_do_not_depend_on_the_version() -> None:
+    # Which is why format_type's built-in path takes no server version (json, the one that
+    # would, is printed under its fixed name).
+    for oid, name in _TYPNAMES.items():
+        if oid in _FIXED_NAMES:
+            continue
+        quoted = {quote_identifier(name, v) for v in (150000, 160000, 170000, 180000, None)}
+        assert len(quoted) == 1, name
+
+
+def test_user_type_names_by_server_version() -> None:
+    names = {16384: ("json_query", "merge_action"), 16385: ("public", "json_table")}
+    assert format_type(16384, type_names=names, server_version=150004) \
+        == "json_query.merge_action"
+    assert format_type_be(16384, type_names=names, server_version=170000) \
+        == '"json_query"."merge_action"'
+    assert format_type_sql(16385, 3, type_names=names, server_version=160000) == "json_table(3)"
+    assert format_type(16385, type_names=names) == '"json_table"'
+    # The built-in json is never quoted, whatever the version.
+    assert {format_type(114, server_version=v) for v in (150000, 180000, None)} == {"json"}
 
 
 def test_type_names() -> None:
@@ -233,12 +290,15 @@ def test_typmod_sweep(db: Any) -> None:
 
 
 def test_quote_identifier_against_server(db: Any) -> None:
-    words = [w for (w,) in db.execute("SELECT word FROM pg_get_keywords()")]
+    # The server's keywords and the newest release's (pglast's), quoted for this server.
+    words = sorted({w for (w,) in db.execute("SELECT word FROM pg_get_keywords()")}
+                   | RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS)
     words += ["Abc", "a b", 'x"y', "", "_x", "1a", "a1", "é", "a$", "ab9_"]
-    # (pglast's list is a newer release's: on an older server, a word that became a keyword
-    # later, such as json in 16, is quoted here and not there. Not checked.)
+    ((version,),) = db.execute("SELECT current_setting('server_version_num')::int")
     rows = db.execute("SELECT w, quote_ident(w) FROM unnest(%s::text[]) AS w", (words,))
-    assert [(w, quote_identifier(w)) for w, _ in rows] == rows
+    assert [(w, quote_identifier(w, version)) for w, _ in rows] == rows
+    if version // 10000 == _NEWEST:
+        assert [(w, quote_identifier(w)) for w, _ in rows] == rows
 
 
 # --- against contrib/test_decoding ----------------------------------------------------------
@@ -366,3 +426,33 @@ def test_user_types_as_test_decoding_prints_them(slots: Any) -> None:
     assert printed[columns.index("information_schema.sql_identifier")] == (
         "information_schema.sql_identifier"
     )
+
+
+def test_keyword_names_as_test_decoding_prints_them(slots: Any) -> None:
+    """Names whose quoting changed between releases, printed as this server prints them."""
+    db = slots
+    db.execute(
+        'CREATE SCHEMA "json_query"; CREATE TYPE "json_query"."merge_action" AS ENUM (\'m\');'
+        ' CREATE TYPE "json_table" AS ENUM (\'j\');'
+        ' CREATE TABLE "json_query"."system_user" ("json" int, "json_table" "json_table",'
+        ' "merge_action" "json_query"."merge_action", "json_array" json, "system_user" text,'
+        ' "select" int, recheck int)'
+    )
+    db.execute("SET synchronous_commit = on")
+    db.execute('INSERT INTO "json_query"."system_user" DEFAULT VALUES')
+    rows = db.execute("SELECT data FROM pg_logical_slot_get_changes('td', NULL, NULL)")
+    (line,) = [data for (data,) in rows if ": INSERT: " in data]
+    ((version,),) = db.execute("SELECT current_setting('server_version_num')::int")
+    relation, names = _pgoutput(db)
+    ours = (
+        f"table {quote_identifier(relation.namespace, version)}."
+        f"{quote_identifier(relation.name, version)}: INSERT: "
+        + " ".join(
+            f"{quote_identifier(c.name, version)}"
+            f"[{format_type_be(c.type_oid, type_names=names, server_version=version)}]:null"
+            for c in relation.columns
+        )
+    )
+    assert ours == line
+    # This server's release and the newest do differ here before 17.
+    assert line.startswith("table json_query.") == (version < 170000)

@@ -15,6 +15,11 @@ Three entry points mirror the server's three ways of calling it:
 - ``format_type_be(oid)``: ``format_type_be`` as contrib/test_decoding prints ``col[type]``;
   it never shows a typmod.
 - ``format_type_sql(oid, typmod)``: the SQL function exactly, ``None`` standing for NULL.
+
+Names are quoted as by the server whose stream is decoded: each entry point, like
+``quote_identifier``, takes that server's ``server_version`` (``server_version_num``, e.g.
+150004), since the keywords that force quotes differ between releases; ``None`` means the
+newest release known here.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from typing import Final
 
 from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 
-__all__ = ["TypeNames", "format_type", "format_type_be", "format_type_sql", "quote_identifier"]
+__all__ = [
+    "VERSIONED_KEYWORDS",
+    "TypeNames",
+    "format_type",
+    "format_type_be",
+    "format_type_sql",
+    "quote_identifier",
+]
 
 TypeNames = Mapping[int, tuple[str, str]]
 """Type OID -> (namespace, name), as pgoutput's Type messages give them ("" is pg_catalog)."""
@@ -34,20 +46,46 @@ TypeNames = Mapping[int, tuple[str, str]]
 # --- PostgreSQL's quote_identifier (src/backend/utils/adt/ruleutils.c) -------------------------
 
 # Every keyword except the unreserved ones forces quotes, even where the grammar would accept
-# it bare (PostgreSQL does not try to tell those cases apart).
+# it bare (PostgreSQL does not try to tell those cases apart). pglast's lists are those of
+# PostgreSQL _NEWEST (tests/test_format_type.py checks that they still are).
 _QUOTED_KEYWORDS: Final = frozenset(RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS)
 _PLAIN_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]*")
 
+_NEWEST: Final = 18
+
+# The keywords that force quotes in some of the releases 15.._NEWEST only, with the major
+# version from which they do (src/include/parser/kwlist.h of each release: these became
+# keywords of another category than unreserved, or json moved there from unreserved; no
+# keyword left those categories meanwhile). Every other keyword is quoted alike by all of them.
+_QUOTED_SINCE: Final[dict[str, int]] = {
+    # 16: the SQL/JSON constructors and SYSTEM_USER
+    "json_array": 16, "json_arrayagg": 16, "json_object": 16, "json_objectagg": 16,
+    "system_user": 16,
+    # 17: JSON() (json was unreserved in 16), the SQL/JSON query functions, JSON_TABLE and
+    # MERGE's merge_action()
+    "json": 17, "json_exists": 17, "json_query": 17, "json_scalar": 17, "json_serialize": 17,
+    "json_table": 17, "json_value": 17, "merge_action": 17,
+}
+
+VERSIONED_KEYWORDS: Final = frozenset(_QUOTED_SINCE)
+"""The names whose quoting depends on the server version: only for these does
+``quote_identifier`` need to be given one."""
+
 
 @lru_cache(maxsize=4096)
-def quote_identifier(name: str) -> str:
+def quote_identifier(name: str, server_version: int | None = None) -> str:
     """``name`` double-quoted (quotes doubled) unless it is a plain lower-case identifier.
 
     Plain means ASCII ``a-z``, ``0-9`` and ``_``, not starting with a digit, and not a keyword
-    other than an unreserved one. The keyword list is pglast's, i.e. that of the PostgreSQL
-    release pglast is built on (``json`` became a keyword in PostgreSQL 16).
+    other than an unreserved one in the release of ``server_version`` (``server_version_num``,
+    e.g. 150004). ``None``, or a release newer than the newest known here (18), takes the
+    newest's keywords; one older than 15 takes 15's.
     """
-    if _PLAIN_IDENTIFIER.fullmatch(name) and name not in _QUOTED_KEYWORDS:
+    if _PLAIN_IDENTIFIER.fullmatch(name) and (
+        name not in _QUOTED_KEYWORDS
+        or (server_version is not None and name in _QUOTED_SINCE
+            and server_version // 10000 < _QUOTED_SINCE[name])
+    ):
         return name
     return '"' + name.replace('"', '""') + '"'
 
@@ -241,6 +279,8 @@ def _scalar_name(type_oid: int, typmod: int, typmod_given: bool) -> str:
     return f"{name}({typmod})" if with_typmod else name
 
 
+# Built-in types need no server version: none of their names is quoted by some releases only
+# (tests/test_format_type.py checks).
 @lru_cache(maxsize=8192)
 def _builtin(type_oid: int, typmod: int, typmod_given: bool) -> str:
     """format_type_extended for a built-in OID; an array applies the typmod to its element."""
@@ -251,7 +291,8 @@ def _builtin(type_oid: int, typmod: int, typmod_given: bool) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _named(namespace: str, name: str, typmod: int, typmod_given: bool) -> str:
+def _named(namespace: str, name: str, typmod: int, typmod_given: bool,
+           server_version: int | None) -> str:
     """A type known only by a Type message's namespace and name.
 
     pgoutput describes a domain by its base type's name, so a pg_catalog name of a built-in
@@ -263,14 +304,15 @@ def _named(namespace: str, name: str, typmod: int, typmod_given: bool) -> str:
         builtin = _BUILTIN_BY_NAME.get(name)
         if builtin is not None:
             return _builtin(builtin, typmod, typmod_given)
-    buf = quote_identifier(name)
+    buf = quote_identifier(name, server_version)
     if namespace not in ("", "public", "pg_catalog"):
-        buf = f"{quote_identifier(namespace)}.{buf}"
+        buf = f"{quote_identifier(namespace, server_version)}.{buf}"
     return f"{buf}({typmod})" if typmod_given and typmod >= 0 else buf
 
 
 def _format(
-    type_oid: int, typmod: int, typmod_given: bool, type_names: TypeNames | None
+    type_oid: int, typmod: int, typmod_given: bool, type_names: TypeNames | None,
+    server_version: int | None,
 ) -> str:
     if type_oid in _TYPNAMES:
         return _builtin(type_oid, typmod, typmod_given)
@@ -279,10 +321,11 @@ def _format(
     entry = type_names.get(type_oid) if type_names is not None else None
     if entry is None:
         return "???"
-    return _named(entry[0], entry[1], typmod, typmod_given)
+    return _named(entry[0], entry[1], typmod, typmod_given, server_version)
 
 
-def format_type(type_oid: int, typmod: int = -1, *, type_names: TypeNames | None = None) -> str:
+def format_type(type_oid: int, typmod: int = -1, *, type_names: TypeNames | None = None,
+                server_version: int | None = None) -> str:
     """The type as PostgreSQL names it, with its typmod when ``typmod`` >= 0.
 
     A typmod >= 0 prints as the SQL function ``format_type(type_oid, typmod)`` does
@@ -290,23 +333,26 @@ def format_type(type_oid: int, typmod: int = -1, *, type_names: TypeNames | None
     typmod, as in ``format_type(type_oid, NULL)``, which differs from ``format_type(oid, -1)``
     only for bpchar and bit (``character`` and ``bit`` rather than ``bpchar`` and ``"bit"``).
     OIDs that are not built in are looked up in ``type_names``; OID 0 prints ``-`` and an
-    unknown OID ``???``, as with FORMAT_TYPE_ALLOW_INVALID.
+    unknown OID ``???``, as with FORMAT_TYPE_ALLOW_INVALID. Names are quoted as the release
+    of ``server_version`` quotes them (see ``quote_identifier``).
     """
-    return _format(type_oid, typmod, typmod >= 0, type_names)
+    return _format(type_oid, typmod, typmod >= 0, type_names, server_version)
 
 
-def format_type_be(type_oid: int, *, type_names: TypeNames | None = None) -> str:
+def format_type_be(type_oid: int, *, type_names: TypeNames | None = None,
+                   server_version: int | None = None) -> str:
     """The type without any typmod: what contrib/test_decoding prints in ``col[type]``.
 
     test_decoding calls ``format_type_be(atttypid)``, so a ``varchar(10)`` column shows as
     ``character varying`` and a ``char(3)`` one as ``character``. Where the server would fail
     (OID 0 or unknown) this returns ``-`` or ``???`` instead.
     """
-    return _format(type_oid, -1, False, type_names)
+    return _format(type_oid, -1, False, type_names, server_version)
 
 
 def format_type_sql(
-    type_oid: int, typmod: int | None = None, *, type_names: TypeNames | None = None
+    type_oid: int, typmod: int | None = None, *, type_names: TypeNames | None = None,
+    server_version: int | None = None,
 ) -> str:
     """Exactly the SQL function ``format_type(type_oid, typmod)``; ``None`` is a NULL typmod.
 
@@ -314,5 +360,5 @@ def format_type_sql(
     bit ``"bit"`` (so that the name reads back with typmod -1 rather than a length of 1).
     """
     if typmod is None:
-        return _format(type_oid, -1, False, type_names)
-    return _format(type_oid, typmod, True, type_names)
+        return _format(type_oid, -1, False, type_names, server_version)
+    return _format(type_oid, typmod, True, type_names, server_version)
