@@ -76,6 +76,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         header, frames = read_capture(args.file)
         pipeline.slot_name = header.slot
         pipeline.set_proto_version(header.proto_version)
+        pipeline.set_server_version(header.server_version)
         pipeline.startup(is_init=False)
         try:
             for frame in frames:

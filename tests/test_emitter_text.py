@@ -27,9 +27,12 @@ What is allowed to differ, and why (see emitters/text.py and docs/emitters-text.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -102,7 +105,7 @@ def our_lines(source: Source, options: Mapping[str, str | None], *, streaming: b
     out = MemoryOutput()
     ctx = pipeline.add(TestDecodingEmitter(), options=options, output=out)
     if server_version is not None:
-        ctx.server_version = server_version  # type: ignore[attr-defined]
+        ctx.server_version = server_version
     pipeline.startup()
     with psycopg.connect(source.db.conninfo, autocommit=True) as conn:
         captured = peek(conn, source.pgoutput, pgoutput_options(
@@ -554,6 +557,25 @@ def test_keyword_names_without_a_catalog(keywords: Source, given: bool) -> None:
     assert same == (given or keywords.db.major_version >= 17)
     if given:
         assert any("[json_value[]]:" in x.data or '["json_value"[]]:' in x.data for x in ours)
+
+
+def test_replayed_capture_quotes_as_its_server(keywords: Source, tmp_path: Path) -> None:
+    """``pgdecode capture`` records the server version in its header and ``pgdecode replay``
+    hands it to the emitter: offline, with no catalog, names are quoted as that server
+    quotes them (on 15 differently from the newest release)."""
+    with psycopg.connect(keywords.db.conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    capture, replayed = tmp_path / "kw.pgd", tmp_path / "kw.txt"
+    cli = [sys.executable, "-m", "plugin_framework.cli"]
+    subprocess.run([*cli, "capture", "-d", keywords.db.conninfo, "-S", keywords.pgoutput,
+                    "--publication", keywords.publication, "-E", row[0], "-f", str(capture)],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([*cli, "replay", str(capture), "--emitter", "text", "-f", str(replayed)],
+                   check=True, capture_output=True, timeout=120)
+    theirs, _ = drop_empty_xacts(server_lines(keywords, {}))
+    ours = replayed.read_text().splitlines()
+    assert ours == [x.data for x in theirs]
 
 
 # --- helpers without a server ---------------------------------------------------------------

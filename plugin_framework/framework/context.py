@@ -208,6 +208,7 @@ class LogicalDecodingContext:
     output_plugin_options: dict[str, str | None] = field(default_factory=dict)
     slot_name: str | None = None
     catalog: Any = None  # a Catalog when the source can reach the database
+    server_version: int | None = None  # the source server's server_version_num, if known
     output_plugin_private: Any = None
     options: OutputPluginOptions = field(default_factory=OutputPluginOptions)
     out: bytearray = field(default_factory=bytearray)

@@ -165,6 +165,7 @@ class Pipeline:
         self.members: list[Member] = []
         self.slot_name = slot_name
         self.catalog = catalog
+        self.server_version: int | None = None  # see set_server_version
         self.budget = SpoolBudget(memory_limit, spool_dir)
         self.relations: dict[int, Relation] = {}
         self.type_names: dict[int, tuple[str, str]] = {}
@@ -208,6 +209,13 @@ class Pipeline:
         self.proto_version = proto_version
         self.decoder = Decoder(proto_version)
 
+    def set_server_version(self, server_version: int | None) -> None:
+        """The server the stream comes from (``server_version_num``, e.g. 150004), as every
+        plugin's ``ctx.server_version``: emitters that print as the server does need it."""
+        self.server_version = server_version
+        for m in self.members:
+            m.ctx.server_version = server_version
+
     def add(self, plugin: object, *, options: Mapping[str, str | None] | None = None,
             output: Output | None = None, name: str | None = None) -> LogicalDecodingContext:
         """Add a plugin (OutputPlugin instance, hookimpl object, or LoadedPlugin)."""
@@ -217,7 +225,7 @@ class Pipeline:
         ctx = LogicalDecodingContext(
             plugin_name=loaded.name, output=output if output is not None else FileOutput("-"),
             output_plugin_options=dict(options or {}), slot_name=self.slot_name,
-            catalog=self.catalog,
+            catalog=self.catalog, server_version=self.server_version,
         )
         self.members.append(Member(loaded, ctx))
         return ctx

@@ -261,6 +261,7 @@ class WalsenderSource:
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
             self.pipeline.set_proto_version(proto)
+            self.pipeline.set_server_version(server_version)
             self.pipeline.startup(is_init=is_init)
             self._started = True
         self._proto = proto
