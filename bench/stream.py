@@ -18,8 +18,12 @@ to the WAL end position (``-E``):
 - startup: ``python -m plugin_framework.cli --version``, the interpreter's and imports' share.
 
 Both ask the server for the same stream, so the server's decoding cost is in both; the
-ratio is what pgdecode's Python side costs on top of it. Printed as a table; the numbers are
-never judged (exit status 0 whatever they are). With --runs N, the best of N per reader.
+ratio is what pgdecode's Python side costs on top of it. Beside the wall-clock times it prints
+each reader's CPU time and the cluster's (the walsender decoding for it: the postmaster's
+reaped children and its live ones, from /proc), per change: on a machine with few cores the
+reader and the walsender share them, so these say how far a reader can keep pace at all.
+Printed as a table; the numbers are never judged (exit status 0 whatever they are). With
+--runs N, the best of N per reader.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 
@@ -47,13 +53,48 @@ def default_emitter() -> str:
     return "json" if "json" in names else "simple"
 
 
-def timed(command: Sequence[str], env: dict[str, str] | None = None) -> float:
+class Timing(NamedTuple):
+    seconds: float  # wall clock, start to exit
+    client_cpu: float  # the reader's own CPU time (user + system)
+    server_cpu: float  # the cluster's, mostly the walsender decoding for this reader
+
+
+def server_cpu_seconds(datadir: Path) -> float:
+    """CPU time of the cluster's processes so far: the postmaster's children that have exited
+    (a reader's walsender, once the reader is gone) and those still running."""
+    tick = os.sysconf("SC_CLK_TCK")
+    postmaster = int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def fields(pid: int | str) -> list[str]:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+
+    mine = fields(postmaster)
+    total = int(mine[13]) + int(mine[14])  # cutime + cstime: children reaped
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            f = fields(entry)
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+        if int(f[1]) == postmaster:  # ppid
+            total += int(f[11]) + int(f[12])  # utime + stime
+    return total / tick
+
+
+def timed(command: Sequence[str], datadir: Path, env: dict[str, str] | None = None) -> Timing:
+    server_before = server_cpu_seconds(datadir)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{result.stderr}")
-    return elapsed
+    time.sleep(0.5)  # let the postmaster reap the reader's walsender
+    client = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Timing(elapsed, client, server_cpu_seconds(datadir) - server_before)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "messages": "true"}
         if args.streaming == "on":
             options["streaming"] = "on" if proto >= 4 else "true"
-        results: dict[str, list[float]] = {"pgdecode": [], "recvlogical": [], "startup": []}
+        results: dict[str, list[Timing]] = {"pgdecode": [], "recvlogical": [], "startup": []}
+        datadir = cluster.datadir
         sizes: dict[str, int] = {}
         env = dict(os.environ)
         for run in range(args.runs):
@@ -112,17 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", conninfo,
                  "-S", slots["pgdecode", run], "--publication", PUBLICATION,
                  "--emitter", emitter, "-f", str(out), "-E", endpos, "-q",
-                 "--streaming", args.streaming, "--proto-version", str(proto)], env))
+                 "--streaming", args.streaming, "--proto-version", str(proto)], datadir, env))
             sizes["pgdecode"] = out.stat().st_size
             raw = workdir / f"recvlogical_{run}.out"
             command = [str(recvlogical), "-d", conninfo, "--slot", slots["recvlogical", run],
                        "--start", "-f", str(raw), "-E", endpos, "--no-loop"]
             for key, value in options.items():
                 command += ["-o", f"{key}={value}"]
-            results["recvlogical"].append(timed(command))
+            results["recvlogical"].append(timed(command, datadir))
             sizes["recvlogical"] = raw.stat().st_size
             results["startup"].append(timed(
-                [sys.executable, "-m", "plugin_framework.cli", "--version"], env))
+                [sys.executable, "-m", "plugin_framework.cli", "--version"], datadir, env))
             if not args.keep:
                 out.unlink()
                 raw.unlink()
@@ -133,25 +175,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 leftover.unlink()
             workdir.rmdir()
 
-    best = {name: min(times) for name, times in results.items()}
+    best = {name: min(times, key=lambda t: t.seconds) for name, times in results.items()}
     print(report(best, sizes, made, emitter, args.streaming, proto))
     if args.keep:
         print(f"output files kept in {workdir}")
     return 0
 
 
-def report(best: dict[str, float], sizes: dict[str, int], changes: int, emitter: str,
+def report(best: dict[str, Timing], sizes: dict[str, int], changes: int, emitter: str,
            streaming: str, proto: int) -> str:
-    rows = [("reader", "seconds", "changes/s", "output MB", "vs pg_recvlogical")]
-    base = best["recvlogical"]
+    rows = [("reader", "seconds", "changes/s", "output MB", "throughput ratio",
+             "reader CPU us/change", "server CPU us/change")]
+    base = best["recvlogical"].seconds
     for name, label in (("recvlogical", "pg_recvlogical (raw pgoutput)"),
                         ("pgdecode", f"pgdecode stream --emitter {emitter}")):
-        seconds = best[name]
-        rows.append((label, f"{seconds:.2f}", f"{changes / seconds:,.0f}",
-                     f"{sizes[name] / 1e6:.1f}", f"{seconds / base:.2f}x"))
-    rows.append(("python startup (pgdecode --version)", f"{best['startup']:.2f}", "", "", ""))
+        t = best[name]
+        rows.append((label, f"{t.seconds:.2f}", f"{changes / t.seconds:,.0f}",
+                     f"{sizes[name] / 1e6:.1f}", f"{base / t.seconds:.2f}",
+                     f"{t.client_cpu / changes * 1e6:.1f}", f"{t.server_cpu / changes * 1e6:.1f}"))
+    startup = best["startup"]
+    rows.append(("python startup (pgdecode --version)", f"{startup.seconds:.2f}", "", "", "",
+                 f"({startup.client_cpu:.2f} s)", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"{changes:,} changes, pgoutput protocol {proto}, streaming {streaming}", ""]
+    lines = [f"{changes:,} changes, pgoutput protocol {proto}, streaming {streaming}; "
+             "throughput ratio = pg_recvlogical's seconds / the reader's (goal >= 0.8)", ""]
     for i, row in enumerate(rows):
         lines.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
                                for j, (c, w) in enumerate(zip(row, widths, strict=True))))
