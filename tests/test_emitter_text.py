@@ -563,12 +563,15 @@ def test_replayed_capture_quotes_as_its_server(keywords: Source, tmp_path: Path)
     """``pgdecode capture`` records the server version in its header and ``pgdecode replay``
     hands it to the emitter: offline, with no catalog, names are quoted as that server
     quotes them (on 15 differently from the newest release)."""
+    slot = "kw_capture"  # a copy: the capture consumes it, other tests peek at the original
     with psycopg.connect(keywords.db.conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)",
+                      (keywords.pgoutput, slot))
         row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     capture, replayed = tmp_path / "kw.pgd", tmp_path / "kw.txt"
     cli = [sys.executable, "-m", "plugin_framework.cli"]
-    subprocess.run([*cli, "capture", "-d", keywords.db.conninfo, "-S", keywords.pgoutput,
+    subprocess.run([*cli, "capture", "-d", keywords.db.conninfo, "-S", slot,
                     "--publication", keywords.publication, "-E", row[0], "-f", str(capture)],
                    check=True, capture_output=True, timeout=120)
     subprocess.run([*cli, "replay", str(capture), "--emitter", "text", "-f", str(replayed)],
