@@ -30,6 +30,7 @@ from plugin_framework import LSN, Action, OutputPlugin
 from plugin_framework.framework.context import LogicalDecodingContext, OutputType
 from plugin_framework.framework.format_type import _TYPNAMES, format_type_sql
 from plugin_framework.framework.model import Relation, Row, Transaction, TruncateChange
+from plugin_framework.framework.spool import Spool, SpoolBudget
 from plugin_framework.protocol import KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 
 __all__ = ["OPTIONS", "Wal2JsonEmitter"]
@@ -38,6 +39,9 @@ log = logging.getLogger("pgdecode.wal2json")
 
 FORMAT_VERSION: Final = 2  # the highest format version (wal2json's WAL2JSON_FORMAT_VERSION)
 FORMAT_MIN_VERSION: Final = 1
+# Memory for a transaction's output held until its commit (include-lsn); past it, the output
+# goes to a temporary file, as the framework's spools do, so a huge transaction stays bounded.
+HOLD_MEMORY = 16 * 1024 * 1024
 
 _BOOLOID: Final = 16
 _BYTEAOID: Final = 17
@@ -223,7 +227,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("include-default", False, _bool, help="column defaults (catalog)"),
     Option("include-pk", False, _bool, help="primary key columns"),
     Option("include-lsn", False, _bool, help="LSNs (the transaction's output is held until its "
-           "commit when the end LSN is not known at its begin)"),
+           "commit, on disk past 16 MB, when the end LSN is not known at its begin)"),
     Option("pretty-print", False, _bool, help="v1: indented output"),
     Option("write-in-chunks", False, _bool, help="v1: one write per change"),
     Option("numeric-data-types-as-string", False, _bool,
@@ -436,7 +440,7 @@ class _State:
         self.generation = 0
         self.txn_fields = b""  # v2: ,"xid":..,"timestamp":..,"origin":.. of the transaction
         self.v1_parts: list[bytes] = []  # v1 without chunks: the document being built
-        self.held: list[tuple[LSN, int | None, bytes]] | None = None  # output awaiting commit
+        self.held: Spool | None = None  # output awaiting the commit (include-lsn)
         self.held_begin: tuple[LSN, int | None] | None = None
         self.origin_ids: dict[str, int] = {}
         self.origin_reads = 0
@@ -715,7 +719,9 @@ class Wal2JsonEmitter(OutputPlugin):
         # does not carry: hold the transaction's output until the commit tells it.
         hold = (st.include_lsn and txn.end_lsn is None
                 and (st.chunks if st.version == 1 else st.include_transaction))
-        st.held = [] if hold else None
+        if st.held is not None:  # a transaction cut short (the stream restarted)
+            st.held.close()
+        st.held = Spool(SpoolBudget(HOLD_MEMORY)) if hold else None
         st.held_begin = (ctx.write_location, ctx.write_xid) if hold else None
         if st.version == 2:
             if st.include_transaction and not hold:
@@ -736,9 +742,12 @@ class Wal2JsonEmitter(OutputPlugin):
                 ctx.emit(_v2_boundary(st, b"B", txn, txn.final_lsn))
             elif st.chunks:
                 ctx.emit(_v1_begin(st, txn))
-            for lsn, xid, data in held:
-                ctx.write_location, ctx.write_xid = lsn, xid
-                ctx.emit(data)
+            try:
+                for lsn, xid, _, data in held:
+                    ctx.write_location, ctx.write_xid = lsn, xid or None
+                    ctx.emit(data)
+            finally:
+                held.close()
             ctx.write_location, ctx.write_xid = here
         if st.version == 2:
             if st.include_transaction:
@@ -860,7 +869,7 @@ class Wal2JsonEmitter(OutputPlugin):
         if held is None:
             ctx.emit(data)
         else:
-            held.append((ctx.write_location, ctx.write_xid, data))
+            held.append(ctx.write_location, ctx.write_xid or 0, False, data)
 
 
 # --- transaction boundaries --------------------------------------------------------------------

@@ -335,6 +335,31 @@ def test_write_in_chunks_writes_each_change(parity: Parity) -> None:
     assert "".join(chunked) == "".join(whole)
 
 
+@pytest.mark.parametrize("options", [
+    {"format-version": "2", "include-lsn": "1"},
+    {"format-version": "1", "write-in-chunks": "1", "include-lsn": "1"},
+], ids=["v2", "v1-chunks"])
+def test_held_output_spills_to_disk(parity: Parity, options: dict[str, str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With include-lsn a transaction's output waits for its commit; past HOLD_MEMORY it
+    waits in a temporary file, and comes back the same."""
+    import emitters.wal2json as module
+    from plugin_framework.framework import spool
+
+    spilled: list[int] = []
+    real_spill = spool.Spool._spill
+
+    def spill(self: spool.Spool) -> None:
+        if self._budget.limit == 2048:  # the emitter's, not one of the pipeline's spools
+            spilled.append(self.count)
+        real_spill(self)
+
+    monkeypatch.setattr(module, "HOLD_MEMORY", 2048)
+    monkeypatch.setattr(spool.Spool, "_spill", spill)
+    assert_same(ours(parity, options), theirs(parity, options))
+    assert spilled, "no transaction's output went to disk"
+
+
 def test_numeric_data_types_as_string(parity: Parity) -> None:
     """wal2json 2.6's option, which 2.5 rejects: every number becomes a JSON string with the
     server's text, NaN and infinities included."""
