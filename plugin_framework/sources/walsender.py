@@ -396,23 +396,17 @@ class WalsenderSource:
                         message = decode_copy_data(raw)
                         if tap is not None:
                             tap(message)
-                        if type(message) is XLogData:
-                            if message.wal_start > received:
-                                received = message.wal_start
-                            feed(message.data, message.wal_start)
-                        else:
+                        if type(message) is not XLogData:
                             assert isinstance(message, PrimaryKeepalive)
-                            progress.messages -= 1
-                            progress.server_end = message.wal_end
-                            progress.server_time = message.send_time.timestamp()
-                            if message.reply_requested:
-                                progress.received = received
-                                self._send_status()
-                            if endpos is not None and message.wal_end >= endpos \
-                                    and pipeline.at_boundary and not pipeline.in_flight:
+                            progress.messages -= 1  # not a message of the stream
+                            progress.received = received
+                            if self._on_keepalive(message):
                                 finished = True
                                 break
                             continue
+                        if message.wal_start > received:
+                            received = message.wal_start
+                        feed(message.data, message.wal_start)
                     if endpos is not None and pipeline.at_boundary \
                             and pipeline.position >= endpos:
                         finished = True
@@ -427,6 +421,17 @@ class WalsenderSource:
                 log.debug("ending the stream: %s", exc)
         except (ReplicationError, psycopg.Error) as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
+
+    def _on_keepalive(self, message: PrimaryKeepalive) -> bool:
+        """Note the server's WAL end, answer if asked; True when that end reaches --endpos
+        with nothing left in flight (the stream is complete)."""
+        progress, pipeline, endpos = self.progress, self.pipeline, self.config.endpos
+        progress.server_end = message.wal_end
+        progress.server_time = message.send_time.timestamp()
+        if message.reply_requested:
+            self._send_status()
+        return (endpos is not None and message.wal_end >= endpos
+                and pipeline.at_boundary and not pipeline.in_flight)
 
     def _send_status(self, final: bool = False) -> None:
         repl = self._repl
