@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugin_framework import __version__
@@ -71,7 +71,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     setup_logging(args)
     # Emitters run without a catalog, as the capture was recorded; -d serves the filters.
     # Bad filters, emitters or options fail first.
-    pipeline, filters = filtered_pipeline(args, None, None, args.dbname)
+    pipeline, filters = filtered_pipeline(args, None, None, args.dbname,
+                                          check=lambda f: check_capture(f, args.file))
     try:
         header, frames = read_capture(args.file)
         pipeline.slot_name = header.slot
@@ -88,6 +89,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if filters is not None:
             filters.close()
     return 0
+
+
+def check_capture(filters: PublicationFilters, path: str) -> None:
+    """Apply the filters to every table the capture describes, before replaying it: a column
+    list that does not fit a table is refused before any output is written (without -d,
+    the capture's Relation messages are all there is to check it against)."""
+    from plugin_framework.framework.model import Relation
+    from plugin_framework.sources.capture import described_relations
+
+    for message in described_relations(path):
+        filters.check(Relation.from_message(message, {}))
 
 
 def _allowlist(args: argparse.Namespace) -> list[str] | None:
@@ -145,7 +157,9 @@ def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFi
 
 
 def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
-                      filter_conninfo: str | None) -> tuple[Any, PublicationFilters | None]:
+                      filter_conninfo: str | None,
+                      check: Callable[[PublicationFilters], None] | None = None,
+                      ) -> tuple[Any, PublicationFilters | None]:
     """``build_pipeline`` with the row-filter options (--row-filter, --column-list,
     --filter-config, --filters-from-publication) as its change and truncate filters: how
     ``stream`` and ``replay`` both apply them. The filters come first, so that a bad one is
@@ -153,6 +167,8 @@ def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_connin
     The caller closes the filters (their catalog connection)."""
     filters = row_filters(args, filter_conninfo)
     try:
+        if filters is not None and check is not None:
+            check(filters)
         pipeline = build_pipeline(args, slot, catalog_conninfo)
     except BaseException:
         if filters is not None:

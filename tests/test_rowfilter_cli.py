@@ -175,3 +175,12 @@ def test_replay_refuses_bad_filters_as_stream(db: Any, tmp_path: Path) -> None:
         assert replayed.returncode == 2, replayed.stderr
         assert "pass -d CONNINFO" in replayed.stderr
         assert out.read_text() == "earlier output\n"
+    # Without -d a column list is checked against the capture's own table descriptions,
+    # still before anything is written.
+    for extra, says in [(("--column-list", "public.t:id,nope"), 'column "nope"'),
+                        (("--column-list", "public.t:region"), 'replica identity column "id"')]:
+        replayed = replay(pgd, out, *extra)
+        assert replayed.returncode == 1 and says in replayed.stderr, replayed.stderr
+        assert "Traceback" not in replayed.stderr
+        assert out.read_text() == "earlier output\n"
+        assert not (tmp_path / "out.progress").exists()

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from plugin_framework.protocol import PrimaryKeepalive, XLogData, decode_copy_data
+from plugin_framework.protocol import Decoder, PrimaryKeepalive, XLogData, decode_copy_data
+from plugin_framework.protocol import Relation as RelationMessage
 
 MAGIC = b"PGDECODE-CAPTURE 1\n"
 _LEN = struct.Struct(">I")
@@ -89,3 +90,22 @@ def read_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[XLogData | P
                 offset += _LEN.size + length
 
     return header, frames()
+
+
+def described_relations(path: str | Path) -> Iterator[RelationMessage]:
+    """The Relation messages of a capture, decoded (nothing else is): what a replay will learn
+    of its tables, to check options against before replaying."""
+    header, frames = read_capture(path)
+    decoder = Decoder(header.proto_version)
+    for frame in frames:
+        if not isinstance(frame, XLogData) or not frame.data:
+            continue
+        tag = frame.data[0]
+        if tag == 0x53 and header.proto_version >= 2:  # Stream Start: xids precede relations
+            decoder.in_stream = True
+        elif tag == 0x45 and header.proto_version >= 2:  # Stream Stop
+            decoder.in_stream = False
+        elif tag == 0x52:  # Relation
+            message = decoder.decode(frame.data)
+            assert isinstance(message, RelationMessage)
+            yield message

@@ -489,6 +489,11 @@ class PublicationFilters:
 
     # --- the change filter ---------------------------------------------------------------------
 
+    def check(self, relation: Relation) -> None:
+        """Prepare the filter of a table now: raises RowFilterError if the configuration
+        cannot apply to it (a replay checks every table of its capture before it starts)."""
+        self._for_relation(relation)
+
     def as_change_filter(self) -> Callable[[Change], Change | None]:
         """For ``Pipeline.change_filter``."""
         return self.filter_change
