@@ -26,6 +26,7 @@ What is allowed to differ, and why (see emitters/text.py and docs/emitters-text.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -428,19 +429,28 @@ def run_extra_workload(db: Any) -> None:
         ex("INSERT INTO big VALUES (3, 'local again')")
 
 
-@pytest.fixture(scope="module")
-def extra(pg: Any) -> Iterator[Source]:
+@contextlib.contextmanager
+def paired_slots(pg: Any, schema: str, prefix: str, publication: str, *,
+                 two_phase: bool = False) -> Iterator[Source]:
+    """A new database with ``schema``, then a test_decoding and a pgoutput slot, made before
+    anything else happens in it (so both see the same changes); dropped afterwards."""
     db = create_database(pg)
     try:
         with psycopg.connect(db.conninfo, autocommit=True) as conn:
-            conn.execute(EXTRA_SCHEMA)
-            for slot, plugin in [("extra_td", "test_decoding"), ("extra_po", "pgoutput")]:
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, false, true)",
-                             (slot, plugin))
-        run_extra_workload(db)
-        yield Source(db, "extra_td", "extra_po", "extra_pub")
+            conn.execute(schema)
+            for plugin, suffix in [("test_decoding", "td"), ("pgoutput", "po")]:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, %s, false, %s)",
+                             (f"{prefix}_{suffix}", plugin, two_phase))
+        yield Source(db, f"{prefix}_td", f"{prefix}_po", publication)
     finally:
         drop_database(db)
+
+
+@pytest.fixture(scope="module")
+def extra(pg: Any) -> Iterator[Source]:
+    with paired_slots(pg, EXTRA_SCHEMA, "extra", "extra_pub", two_phase=True) as source:
+        run_extra_workload(source.db)
+        yield source
 
 
 @pytest.mark.parametrize("options", [
@@ -506,23 +516,17 @@ CREATE PUBLICATION keyword_pub FOR ALL TABLES;
 
 @pytest.fixture(scope="module")
 def keywords(pg: Any) -> Iterator[Source]:
-    db = create_database(pg)
-    try:
-        with psycopg.connect(db.conninfo, autocommit=True) as conn:
-            conn.execute(KEYWORD_SCHEMA)
-            for slot, plugin in [("kw_td", "test_decoding"), ("kw_po", "pgoutput")]:
-                conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
-            conn.execute("SET synchronous_commit = on")
-            conn.execute(
-                'INSERT INTO "json_query"."json_table" VALUES (1, \'{}\', \'m\', \'{v,v}\', 2,'
-                " 'a', 'o', 'oa', 's', 'z', 'v', 'r', 3)")
-            conn.execute('UPDATE "json_query"."json_table" SET "json" = \'[]\', "select" = 4')
-            conn.execute('INSERT INTO "system_user" VALUES (1)')
-            conn.execute('DELETE FROM "json_query"."json_table"')
-            conn.execute('TRUNCATE "json_query"."json_table", "system_user"')
-        yield Source(db, "kw_td", "kw_po", "keyword_pub")
-    finally:
-        drop_database(db)
+    with paired_slots(pg, KEYWORD_SCHEMA, "kw", "keyword_pub") as source, \
+            psycopg.connect(source.db.conninfo, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")
+        conn.execute(
+            'INSERT INTO "json_query"."json_table" VALUES (1, \'{}\', \'m\', \'{v,v}\', 2,'
+            " 'a', 'o', 'oa', 's', 'z', 'v', 'r', 3)")
+        conn.execute('UPDATE "json_query"."json_table" SET "json" = \'[]\', "select" = 4')
+        conn.execute('INSERT INTO "system_user" VALUES (1)')
+        conn.execute('DELETE FROM "json_query"."json_table"')
+        conn.execute('TRUNCATE "json_query"."json_table", "system_user"')
+        yield source
 
 
 @pytest.mark.parametrize("options", [{}, {"skip-empty-xacts": "1", "include-xids": "0"}],
