@@ -7,9 +7,10 @@ must each row's LSN and xid where the two plugins write at the same place.
 
 What is allowed to differ, and why (see emitters/text.py and docs/emitters-text.md):
 
-- test_decoding prints empty transactions (BEGIN and COMMIT only: here, autovacuum's
-  ANALYZE may produce some) unless skip-empty-xacts; pgoutput never sends them. They are
-  removed from the server's output before comparing, and only they.
+- test_decoding prints empty transactions (BEGIN and COMMIT only: here, the workload's DDL;
+  the test clusters run without autovacuum, whose ANALYZE would add some at random) unless
+  skip-empty-xacts; pgoutput never sends them. They are removed from the server's output
+  before comparing, and only they.
 - BEGIN rows: test_decoding writes them at the transaction's first LSN, pgoutput (which
   delays BEGIN until the first change) at its first change's; with skip-empty-xacts both
   write BEGIN at the first change.
