@@ -514,12 +514,9 @@ class Pipeline:
         live = state.live
         change = self._change(m, lsn, state) if live else None
         if change is not None:
-            views = state.views
             members = self.members
             for i in live:
-                view = views.get(i)
-                members[i].call_change(lsn, state.base.xid,
-                                       self._view(state, i) if view is None else view, change)
+                members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 

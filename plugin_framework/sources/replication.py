@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import select
 import time
+from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -60,6 +61,7 @@ class ReplicationStream:
         )
         self._streaming = False
         self._copy_ended = False  # read_batch saw the end of the copy, not yet reported
+        self._pending: deque[memoryview] = deque()  # read a batch at a time, returned one by one
 
     def identify_system(self) -> tuple[str, int, LSN, str | None]:
         """(system id, timeline, current WAL flush LSN, database name)."""
@@ -78,25 +80,21 @@ class ReplicationStream:
 
     def read(self, timeout: float) -> XLogData | PrimaryKeepalive | None:
         """The next message from the server, or None if none arrived within ``timeout`` s."""
-        pgconn = self.conn.pgconn
-        while True:
-            nbytes, data = pgconn.get_copy_data(1)
-            if nbytes > 0:
-                return decode_copy_data(data)
-            if nbytes < 0:
-                self._streaming = False
-                self._raise_copy_end()
-            ready, _, _ = select.select([pgconn.socket], [], [], timeout)
-            if not ready:
+        if not self._pending:
+            self._pending.extend(self.read_batch(timeout))
+            if not self._pending:
                 return None
-            pgconn.consume_input()
-            timeout = 0.0
+        return decode_copy_data(self._pending.popleft())
 
     def read_batch(self, timeout: float) -> list[memoryview]:
         """Every CopyData payload buffered now, raw ('w' XLogData or 'k' keepalive, see
         plugin_framework.protocol.framing); waits up to ``timeout`` s for the first. Empty if
         none arrived in time. Reading in batches takes the per-message bookkeeping (clock,
         stop requests) out of the hot loop."""
+        if self._pending:  # what read() took from the last batch and has not returned yet
+            left = list(self._pending)
+            self._pending.clear()
+            return left
         pgconn = self.conn.pgconn
         get = pgconn.get_copy_data
         batch: list[memoryview] = []
