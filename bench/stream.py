@@ -15,6 +15,9 @@ to the WAL end position (``-E``):
 - pg_recvlogical: the server's own client from its bindir, ``--start -f FILE -E END`` with the
   same pgoutput options (protocol version, publication, messages, streaming); it decodes
   nothing and writes each XLogData payload (pgoutput's binary messages) followed by a newline;
+- pgdecode's floor: bench/floor_reader.py, the same source, pipeline and file output with a
+  plugin that does nothing (replication loop, decoding, dispatcher; no formatting): what no
+  emitter can beat;
 - startup: ``python -m plugin_framework.cli --version``, the interpreter's and imports' share.
 
 Both ask the server for the same stream, so the server's decoding cost is in both; the
@@ -51,6 +54,9 @@ def default_emitter() -> str:
 
     names = {e.name for e in installed_emitters()}
     return "json" if "json" in names else "simple"
+
+
+READERS = ("pgdecode", "floor", "recvlogical")
 
 
 class Timing(NamedTuple):
@@ -128,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             proto = highest_proto_version(version)
             conn.execute(SCHEMA)
             slots = {(reader, run): f"bench_{reader}_{run}"
-                     for reader in ("pgdecode", "recvlogical") for run in range(args.runs)}
+                     for reader in READERS for run in range(args.runs)}
             for slot in slots.values():
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
                              (slot,))
@@ -144,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "messages": "true"}
         if args.streaming == "on":
             options["streaming"] = "on" if proto >= 4 else "true"
-        results: dict[str, list[Timing]] = {"pgdecode": [], "recvlogical": [], "startup": []}
+        results: dict[str, list[Timing]] = {name: [] for name in (*READERS, "startup")}
         datadir = cluster.datadir
         sizes: dict[str, int] = {}
         env = dict(os.environ)
@@ -156,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "--emitter", emitter, "-f", str(out), "-E", endpos, "-q",
                  "--streaming", args.streaming, "--proto-version", str(proto)], datadir, env))
             sizes["pgdecode"] = out.stat().st_size
+            floor = workdir / f"floor_{run}.out"
+            results["floor"].append(timed(
+                [sys.executable, str(Path(__file__).resolve().parent / "floor_reader.py"),
+                 conninfo, slots["floor", run], PUBLICATION, endpos, str(proto),
+                 args.streaming, str(floor)], datadir, env))
+            sizes["floor"] = floor.stat().st_size
             raw = workdir / f"recvlogical_{run}.out"
             command = [str(recvlogical), "-d", conninfo, "--slot", slots["recvlogical", run],
                        "--start", "-f", str(raw), "-E", endpos, "--no-loop"]
@@ -167,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [sys.executable, "-m", "plugin_framework.cli", "--version"], datadir, env))
             if not args.keep:
                 out.unlink()
+                floor.unlink()
                 raw.unlink()
     finally:
         cluster.cleanup()
@@ -188,7 +201,8 @@ def report(best: dict[str, Timing], sizes: dict[str, int], changes: int, emitter
              "reader CPU us/change", "server CPU us/change")]
     base = best["recvlogical"].seconds
     for name, label in (("recvlogical", "pg_recvlogical (raw pgoutput)"),
-                        ("pgdecode", f"pgdecode stream --emitter {emitter}")):
+                        ("pgdecode", f"pgdecode stream --emitter {emitter}"),
+                        ("floor", "pgdecode's floor (a plugin that does nothing)")):
         t = best[name]
         rows.append((label, f"{t.seconds:.2f}", f"{changes / t.seconds:,.0f}",
                      f"{sizes[name] / 1e6:.1f}", f"{base / t.seconds:.2f}",
