@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
+from plugin_framework._slots import new_object, slot_setters
 from plugin_framework.protocol.errors import (
     InvalidFieldError,
     ProtocolError,
@@ -443,30 +444,23 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     return _make_tuple_data(bytes(kinds), tuple(values)), pos
 
 
-# A frozen dataclass's generated __init__ stores each field with object.__setattr__, which costs
-# about as much as parsing a short row. The hot path builds TupleData and the change messages by
-# setting their slots directly instead: the same objects, built in well under the time. Every
-# field is set; these classes have no __post_init__ to miss (messages.py says so).
-_new = object.__new__
-_TD_KINDS, _TD_VALUES = (TupleData.__dict__[f].__set__ for f in ("kinds", "values"))
-_INS_RELID, _INS_NEW, _INS_XID = (Insert.__dict__[f].__set__ for f in ("relation_id", "new", "xid"))
-_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = (
-    Update.__dict__[f].__set__ for f in ("relation_id", "new", "key", "old", "xid")
-)
-_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = (
-    Delete.__dict__[f].__set__ for f in ("relation_id", "key", "old", "xid")
-)
+# TupleData and the change messages are built by setting their slots (see _slots.py).
+_TD_KINDS, _TD_VALUES = slot_setters(TupleData, "kinds", "values")
+_INS_RELID, _INS_NEW, _INS_XID = slot_setters(Insert, "relation_id", "new", "xid")
+_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = slot_setters(
+    Update, "relation_id", "new", "key", "old", "xid")
+_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = slot_setters(Delete, "relation_id", "key", "old", "xid")
 
 
 def _make_tuple_data(kinds: bytes, values: tuple[bytes | None, ...]) -> TupleData:
-    row: TupleData = _new(TupleData)
+    row: TupleData = new_object(TupleData)
     _TD_KINDS(row, kinds)
     _TD_VALUES(row, values)
     return row
 
 
 def _make_insert(relation_id: int, new: TupleData, xid: int | None) -> Insert:
-    message: Insert = _new(Insert)
+    message: Insert = new_object(Insert)
     _INS_RELID(message, relation_id)
     _INS_NEW(message, new)
     _INS_XID(message, xid)
@@ -477,7 +471,7 @@ def _make_update(
     relation_id: int, new: TupleData, key: TupleData | None, old: TupleData | None,
     xid: int | None,
 ) -> Update:
-    message: Update = _new(Update)
+    message: Update = new_object(Update)
     _UPD_RELID(message, relation_id)
     _UPD_NEW(message, new)
     _UPD_KEY(message, key)
@@ -489,7 +483,7 @@ def _make_update(
 def _make_delete(
     relation_id: int, key: TupleData | None, old: TupleData | None, xid: int | None
 ) -> Delete:
-    message: Delete = _new(Delete)
+    message: Delete = new_object(Delete)
     _DEL_RELID(message, relation_id)
     _DEL_KEY(message, key)
     _DEL_OLD(message, old)
