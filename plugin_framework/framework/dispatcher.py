@@ -148,6 +148,9 @@ class _Txn:
     spool: Spool | None = None
     started: bool = False
     relations: dict[int, Relation] = field(default_factory=dict)  # in-stream descriptions
+    # for a transaction replayed from its spool after self.relations moved on: the definitions
+    # in force when it began of the relations it redescribes (None: it described them first)
+    replay_relations: dict[int, Relation | None] = field(default_factory=dict)
     aborted_subxids: set[int] = field(default_factory=set)
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
     prepare_lsn: LSN | None = None
@@ -493,6 +496,13 @@ class Pipeline:
             if stream.spool is not None and raw is not None:
                 stream.spool.append(lsn, m.xid or 0, True, raw)
         else:
+            state = self._txn
+            if state is not None and state.spool is not None and raw is not None:
+                # Its held members get it replayed later: at that point in the replay they
+                # need this definition, and before it the one in force now.
+                state.replay_relations.setdefault(m.relation_id,
+                                                  self.relations.get(m.relation_id))
+                state.spool.append(lsn, 0, False, raw)
             self.relations[m.relation_id] = rel
 
     def _on_type(self, m: Type, lsn: LSN, raw: bytes | None) -> None:
@@ -549,11 +559,14 @@ class Pipeline:
     def _on_message(self, m: LogicalMessage, lsn: LSN, raw: bytes | None) -> None:
         args = (m.lsn, m.transactional, m.prefix, m.content)
         if not m.transactional:
+            # m.lsn is where the message's WAL record ends (decode.c queues it at its
+            # endptr), which is where the next record, often the enclosing transaction's
+            # COMMIT, starts. Marking m.lsn passes the message (a restart at m.lsn skips it)
+            # but not that COMMIT, and the same message re-sent has m.lsn == done.
             for i, member in enumerate(self.members):
-                if member.plugin.has("message") and not self._delivered(i, m.lsn):
+                if member.plugin.has("message") and m.lsn > self._done[i]:
                     member.call("message", m.lsn, None, None, *args)
-            # Its record starts at m.lsn: anything past that start is beyond it.
-            self._mark(range(len(self.members)), LSN(m.lsn + 1))
+            self._mark(range(len(self.members)), m.lsn)
             return
         stream = self._stream
         if stream is not None:
@@ -599,17 +612,20 @@ class Pipeline:
     def _on_commit_prepared(self, m: CommitPrepared, lsn: LSN, raw: bytes | None) -> None:
         state = self._prepared.pop(m.gid, None)
         if state is None:
-            state = self._unseen_prepared(m.xid, m.gid, m.commit_lsn)
+            state = self._unseen_prepared(m.xid, m.gid, m.commit_lsn, committed=True)
         base = state.base
         base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
         self._drop_delivered(state, m.commit_lsn)
+        # As ReorderBufferFinishPrepared does, final_lsn becomes the COMMIT PREPARED's LSN.
         for i in state.live:
             view = self._view(state, i)
-            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
+                                                               m.commit_time)
             self.members[i].call("commit_prepared", m.end_lsn, base.xid, view, m.commit_lsn)
         for i in state.streamed_held:
             view = self._view(state, i)
-            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
+                                                               m.commit_time)
             self.members[i].call("stream_commit", m.end_lsn, base.xid, view, m.commit_lsn)
         if state.held:
             ordinary = replace(base, final_lsn=m.commit_lsn, is_prepared=False)
@@ -621,7 +637,8 @@ class Pipeline:
     def _on_rollback_prepared(self, m: RollbackPrepared, lsn: LSN, raw: bytes | None) -> None:
         state = self._prepared.pop(m.gid, None)
         if state is None:
-            state = self._unseen_prepared(m.xid, m.gid, LSN(m.rollback_end_lsn - 1))
+            state = self._unseen_prepared(m.xid, m.gid, LSN(m.rollback_end_lsn - 1),
+                                          committed=False)
         self._drop_delivered(state, LSN(m.rollback_end_lsn - 1))
         # As in C, the rollback's time goes where a commit's would (txn->xact_time).
         state.base.end_lsn, state.base.commit_time = m.rollback_end_lsn, m.rollback_time
@@ -643,15 +660,18 @@ class Pipeline:
         state.held = [i for i in state.held if not self._delivered(i, lsn)]
         state.streamed_held = [i for i in state.streamed_held if not self._delivered(i, lsn)]
 
-    def _unseen_prepared(self, xid: int, gid: str, lsn: LSN) -> _Txn:
-        """COMMIT/ROLLBACK PREPARED of a transaction prepared before this pipeline started
-        (its PREPARE was acknowledged earlier): only two-phase plugins can take it, unless
-        a plugin's output already holds the outcome."""
+    def _unseen_prepared(self, xid: int, gid: str, lsn: LSN, *, committed: bool) -> _Txn:
+        """COMMIT/ROLLBACK PREPARED of a transaction whose PREPARE this pipeline never saw
+        (acknowledged by an earlier run, or decoded before the slot did two-phase): only
+        two-phase plugins can take it, unless a plugin's output already holds the outcome.
+        A rollback owes the other plugins nothing; a commit's changes are gone for them."""
         state = _Txn(Transaction(xid, gid=gid, is_prepared=True), started=True)
         for i, m in enumerate(self.members):
             if self._delivered(i, lsn):
                 continue
             if not m.ctx.twophase:
+                if not committed:
+                    continue
                 raise PipelineError(
                     f'prepared transaction "{gid}" was prepared before this pipeline started, '
                     f'and output plugin "{m.plugin.name}" has no two-phase callbacks to receive '
@@ -827,7 +847,9 @@ class Pipeline:
         spool = state.spool
         if spool is not None:
             decoder = Decoder(self.proto_version)
-            overlay = _Txn(txn)
+            overlay = _Txn(txn, relations={relid: rel for relid, rel
+                                           in state.replay_relations.items()
+                                           if rel is not None})
             aborted = state.aborted_subxids
             for lsn, xid, in_stream, raw in spool:
                 if xid and xid in aborted:

@@ -1,0 +1,201 @@
+"""Delivery at the edges the server's WAL layout creates, on real streams from each version:
+where a message's LSN points, prepared transactions whose table changes shape, outcomes of
+transactions this pipeline never saw prepared, and what may be acknowledged meanwhile.
+
+Each test takes its own table, publication and slot in a module database, runs its SQL,
+and feeds what the slot holds (``pg_logical_slot_peek_binary_changes``) to a Pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import count
+from typing import Any
+
+import pytest
+from capture import Captured, peek, pgoutput_options
+from recorders import Recorder, TwoPhaseRecorder
+
+from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
+
+_names = count()
+
+
+class Case:
+    """One test's table ``t<n>`` (``id int primary key`` plus ``columns``), publication and
+    slot (two-phase decoding when ``two_phase``)."""
+
+    def __init__(self, db: Any, columns: str = "", *, two_phase: bool = False) -> None:
+        n = next(_names)
+        self.db, self.table, self.publication, self.slot = db, f"t{n}", f"p{n}", f"s{n}"
+        self.conn = db.connect(autocommit=True)
+        self.conn.execute("SET synchronous_commit = on")  # peeking decodes flushed WAL only
+        self.conn.execute(f"CREATE TABLE {self.table} (id int PRIMARY KEY{columns})")
+        self.conn.execute(f"CREATE PUBLICATION {self.publication} FOR TABLE {self.table}")
+        self.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)",
+                          (self.slot, two_phase))
+        self.proto = 4 if db.major_version >= 16 else 3
+
+    def sql(self, *statements: str) -> None:
+        for statement in statements:
+            self.conn.execute(statement.format(t=self.table))
+
+    def changes(self) -> list[Captured]:
+        return peek(self.conn, self.slot, pgoutput_options(self.proto,
+                                                           publication=self.publication))
+
+    def feed(self, *plugins: OutputPlugin) -> Pipeline:
+        pipeline = Pipeline(proto_version=self.proto)
+        for plugin in plugins:
+            pipeline.add(plugin, output=MemoryOutput())
+        pipeline.startup()
+        for item in self.changes():
+            pipeline.feed(item.data, item.lsn)
+        return pipeline
+
+    def advance(self, lsn: LSN) -> None:
+        """Acknowledge ``lsn`` as a consumer would: the slot forgets what lies before it."""
+        self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                          (self.slot, str(lsn)))
+
+    def close(self) -> None:
+        self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+        self.conn.close()
+
+
+@pytest.fixture
+def case(pg_module_db: Any) -> Iterator[Any]:
+    made: list[Case] = []
+
+    def make(columns: str = "", *, two_phase: bool = False) -> Case:
+        made.append(Case(pg_module_db, columns, two_phase=two_phase))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def changes_of(plugin: Recorder) -> list[Any]:
+    return [e[3] for e in plugin.events if e[0] == "change"]
+
+
+def test_message_just_before_commit_neither_hides_nor_unacks_the_transaction(case: Any) -> None:
+    """A non-transactional message's LSN is where its record ends: when COMMIT follows it
+    at once, the commit record starts exactly there."""
+    c = case()
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1)",
+          "SELECT pg_logical_emit_message(false, 'audit', 'x')", "COMMIT",
+          "INSERT INTO {t} VALUES (2)")
+    plugin = Recorder()
+    pipeline = c.feed(plugin)
+    assert changes_of(plugin) == [(("id", "1"),), (("id", "2"),)]
+    messages = [e for e in plugin.events if e[0] == "message"]
+    assert [m[1:4] for m in messages] == [(False, "audit", b"x")]
+
+    # Acknowledging what was delivered up to the message must leave the transaction after it
+    # in the slot.
+    first = c.changes()
+    message_lsn = LSN(messages[0][4])
+    pipeline = Pipeline(proto_version=c.proto)
+    pipeline.add(Recorder(), output=MemoryOutput())
+    pipeline.startup()
+    for item in first:
+        pipeline.feed(item.data, item.lsn)
+        if pipeline.position >= message_lsn:
+            break
+    c.advance(pipeline.flush())
+    again = Recorder()
+    c.feed(again)
+    assert changes_of(again) == [(("id", "1"),), (("id", "2"),)]
+    assert not [e for e in again.events if e[0] == "message"]
+
+
+def test_prepared_transaction_that_alters_its_table_replays_each_row_as_it_was(
+        case: Any) -> None:
+    """An ordinary plugin gets a prepared transaction at COMMIT PREPARED, replayed from its
+    spool: rows written before an ALTER TABLE in it keep the columns they had."""
+    c = case(", a text, b text", two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1, 'a1', 'b1')", "ALTER TABLE {t} DROP COLUMN a",
+          "INSERT INTO {t} VALUES (2, 'b2')", "ALTER TABLE {t} ADD COLUMN c int",
+          "INSERT INTO {t} VALUES (3, 'b3', 3)", "PREPARE TRANSACTION 'reshape'",
+          "COMMIT PREPARED 'reshape'")
+    expected = [(("id", "1"), ("a", "a1"), ("b", "b1")), (("id", "2"), ("b", "b2")),
+                (("id", "3"), ("b", "b3"), ("c", "3"))]
+    ordinary, two_phase = Recorder(), TwoPhaseRecorder()
+    c.feed(ordinary, two_phase)
+    assert changes_of(two_phase) == expected  # live, as the messages came
+    assert changes_of(ordinary) == expected  # replayed at COMMIT PREPARED
+
+
+def test_streamed_prepared_transaction_that_alters_its_table_replays_each_row_as_it_was(
+        case: Any) -> None:
+    """The same, streamed: pgoutput describes a table again in every streamed transaction
+    that uses it, so the spool holds each definition where it applies."""
+    c = case(", a text, b text", two_phase=True)
+    c.sql("BEGIN",
+          "INSERT INTO {t} SELECT g, 'a' || g, 'b' || g FROM generate_series(1, 3000) g",
+          "ALTER TABLE {t} DROP COLUMN a",
+          "INSERT INTO {t} SELECT g, 'b' || g FROM generate_series(3001, 6000) g",
+          "PREPARE TRANSACTION 'reshape-streamed'", "COMMIT PREPARED 'reshape-streamed'")
+    c.conn.execute("SET logical_decoding_work_mem = '64kB'")  # the peek streams it
+    options = pgoutput_options(c.proto, publication=c.publication, streaming="on")
+    items = peek(c.conn, c.slot, options)
+    assert any(item.data[:1] == b"S" for item in items), "the server did not stream it"
+    ordinary = Recorder()
+    pipeline = Pipeline(proto_version=c.proto)
+    pipeline.add(ordinary, output=MemoryOutput())
+    pipeline.startup()
+    for item in items:
+        pipeline.feed(item.data, item.lsn)
+    rows = changes_of(ordinary)
+    assert len(rows) == 6000
+    assert rows[0] == (("id", "1"), ("a", "a1"), ("b", "b1"))
+    assert rows[2999] == (("id", "3000"), ("a", "a3000"), ("b", "b3000"))
+    assert rows[3000] == (("id", "3001"), ("b", "b3001"))
+
+
+class FinalLsnRecorder(TwoPhaseRecorder):
+    def commit_prepared(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
+        self.events.append(("commit_prepared", txn.gid, int(txn.final_lsn), int(commit_lsn)))
+
+
+def test_commit_prepared_gets_the_commit_as_final_lsn(case: Any) -> None:
+    """txn->final_lsn is the COMMIT PREPARED record's LSN there (ReorderBufferFinishPrepared),
+    not the PREPARE's."""
+    c = case(two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'final'",
+          "COMMIT PREPARED 'final'")
+    plugin = FinalLsnRecorder()
+    c.feed(plugin)
+    [(_, gid, final_lsn, commit_lsn)] = [e for e in plugin.events if e[0] == "commit_prepared"]
+    assert gid == "final" and final_lsn == commit_lsn
+
+
+def test_rollback_of_a_transaction_prepared_before_this_pipeline_owes_others_nothing(
+        case: Any) -> None:
+    """A two-phase plugin alone read the PREPARE and acknowledged past it; a pipeline that
+    adds an ordinary plugin then meets the ROLLBACK PREPARED. Nothing was lost for the
+    ordinary plugin, so the stream goes on."""
+    c = case(two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'undone'")
+    first = c.feed(TwoPhaseRecorder())
+    c.advance(first.flush())
+    c.sql("ROLLBACK PREPARED 'undone'", "INSERT INTO {t} VALUES (2)")
+    ordinary, two_phase = Recorder(), TwoPhaseRecorder()
+    c.feed(ordinary, two_phase)
+    assert changes_of(ordinary) == [(("id", "2"),)]
+    assert [e[2] for e in two_phase.events if e[0] == "rollback_prepared"] == ["undone"]
+    assert changes_of(two_phase) == [(("id", "2"),)]
+
+
+def test_commit_of_a_transaction_prepared_before_this_pipeline_is_refused_for_others(
+        case: Any) -> None:
+    """The same with COMMIT PREPARED: its changes are no longer in the slot, and the ordinary
+    plugin must not silently miss them."""
+    c = case(two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'done'")
+    first = c.feed(TwoPhaseRecorder())
+    c.advance(first.flush())
+    c.sql("COMMIT PREPARED 'done'")
+    with pytest.raises(Exception, match='prepared transaction "done" was prepared before'):
+        c.feed(Recorder(), TwoPhaseRecorder())
