@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from streamkit import (
+    Probe,
     cli_env,
     confirmed_flush,
     create_slot,
@@ -31,8 +32,9 @@ from streamkit import (
     wait_slot_inactive,
 )
 
-from plugin_framework import LSN
+from plugin_framework import LSN, FileOutput, Pipeline
 from plugin_framework.sources.cluster import LocalCluster
+from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
 
 BIG = 50_000  # rows in the large transaction the consumer is killed in
 
@@ -109,6 +111,53 @@ def wait_for_ack(conninfo: str, slot: str, lsn: LSN, timeout: float = 120) -> No
 
 def size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+# --- 0: the connection lost in a large transaction -------------------------------------------
+
+
+class CutsConnection(Probe):
+    """Terminates its own walsender once, at the given change of the first transaction."""
+
+    name = "cuts-connection"
+
+    def __init__(self, conninfo: str, slot: str, at: int) -> None:
+        self.conninfo, self.slot, self.at, self.seen = conninfo, slot, at, 0
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        super().change(ctx, txn, relation, change)
+        self.seen += 1
+        if self.seen == self.at:
+            query(self.conninfo, "SELECT pg_terminate_backend(active_pid) "
+                                 "FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+
+
+def test_connection_lost_in_a_transaction_leaves_it_in_the_file_once(
+        db: Any, tmp_path: Path) -> None:
+    """The server sends the transaction again from its start after the reconnect: the
+    lines already written of the first, partial copy are taken back from the file."""
+    conninfo = db.conninfo
+    make_table(conninfo)
+    create_slot(conninfo, "s")
+    # One transaction, not streamed (streaming off below), of more than the socket buffers
+    # between server and client hold (~8 MB of pgoutput): the cut comes while it is sent.
+    rows = 150_000
+    insert(conninfo, 1, rows)
+    small_transactions(conninfo, rows + 1, 3)
+    end = current_lsn(conninfo)
+    out = tmp_path / "out.jsonl"
+    pipeline = Pipeline()
+    cutter = CutsConnection(conninfo, "s", 1_000)
+    pipeline.add(cutter, output=FileOutput(str(out)))
+    source = WalsenderSource(SourceConfig(conninfo, "s", ["pub"], streaming="off",
+                                          max_backoff=0.2, endpos=end), pipeline)
+    try:
+        source.run()
+    finally:
+        pipeline.shutdown()
+    assert source.progress.reconnects >= 1
+    assert cutter.seen > rows, "the whole transaction arrived before the connection was cut"
+    check_exactly_once(conninfo, read_lines(out))
 
 
 # --- 1, 2: SIGKILL of the consumer in a large transaction, and restart -------------------------

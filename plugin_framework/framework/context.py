@@ -75,6 +75,11 @@ class Output(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: an output that has these can take back the output of a transaction cut
+    # short by a lost connection (the server sends it again from its start).
+    #   def savepoint(self) -> object: where the output is now
+    #   def rollback_to(self, savepoint: object) -> None: drop everything written since
+
 
 class MemoryOutput:
     """Keeps records in a list: for tests, and for plugins that deliver elsewhere."""
@@ -86,6 +91,12 @@ class MemoryOutput:
 
     def write(self, record: OutputRecord) -> None:
         self.records.append(record)
+
+    def savepoint(self) -> int:
+        return len(self.records)
+
+    def rollback_to(self, savepoint: int) -> None:
+        del self.records[savepoint:]
 
     def mark(self, lsn: LSN) -> None:
         self._marked = max(self._marked, lsn)
@@ -163,6 +174,19 @@ class FileOutput:
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
+
+    def savepoint(self) -> int | None:
+        """The file's size now (None for a pipe or terminal, which cannot take back lines)."""
+        return self._position() if self._progress is not None else None
+
+    def rollback_to(self, savepoint: int | None) -> None:
+        """Cut the file back to ``savepoint``: the lines of a transaction that the server
+        will send again from its start."""
+        if savepoint is None:
+            return
+        self._file.flush()
+        self._file.truncate(savepoint)
+        self._file.seek(savepoint)
 
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:

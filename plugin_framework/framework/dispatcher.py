@@ -151,6 +151,9 @@ class _Txn:
     # for a transaction replayed from its spool after self.relations moved on: the definitions
     # in force when it began of the relations it redescribes (None: it described them first)
     replay_relations: dict[int, Relation | None] = field(default_factory=dict)
+    # member index -> its output's savepoint before this transaction's first line (ordinary
+    # and prepared transactions, whose lines are the tail of each live member's output)
+    savepoints: dict[int, Any] = field(default_factory=dict)
     aborted_subxids: set[int] = field(default_factory=set)
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
     prepare_lsn: LSN | None = None
@@ -321,6 +324,11 @@ class Pipeline:
             view = state.views[i] = replace(state.base)
         return view
 
+    def _savepoint(self, state: _Txn, i: int) -> None:
+        savepoint = getattr(self.members[i].ctx.output, "savepoint", None)
+        if savepoint is not None:
+            state.savepoints[i] = savepoint()
+
     def _mark(self, members: Iterable[int], lsn: LSN) -> None:
         done = self._done
         if lsn > self._position:
@@ -347,9 +355,15 @@ class Pipeline:
 
     def reset(self) -> None:
         """Forget what was received but not finished, after the connection was lost: the
-        server will send it again. Plugins that were streamed part of a transaction are told
-        to abort it. Prepared transactions awaited by a plugin are kept (acknowledgement
-        never passed them, so the server re-sends them, and those re-sends are skipped)."""
+        server will send it again. An ordinary or prepared transaction cut short is taken
+        back from its live members' outputs where they can (files; not pipes). Plugins that
+        were streamed part of a transaction are told to abort it. Prepared transactions
+        awaited by a plugin are kept (acknowledgement never passed them, so the server
+        re-sends them, and those re-sends are skipped)."""
+        if self._txn is not None:
+            for i, savepoint in self._txn.savepoints.items():
+                self.members[i].ctx.output.rollback_to(savepoint)  # type: ignore[attr-defined]
+            self._close(self._txn)
         for state in self._streams.values():
             for i in state.live:
                 self.members[i].call("stream_abort", LSN(0), state.base.xid,
@@ -357,8 +371,6 @@ class Pipeline:
             self._close(state)
         self._streams.clear()
         self._stream = None
-        if self._txn is not None:
-            self._close(self._txn)
         self._txn = None
         self.decoder.in_stream = False
 
@@ -457,6 +469,7 @@ class Pipeline:
                     state.skipped.append(i)
                     continue
                 state.live.append(i)
+                self._savepoint(state, i)
                 m.call("begin", base.first_lsn or LSN(0), base.xid, self._view(state, i))
             elif m.ctx.twophase and not self._filters_prepare(m, base):
                 if resent or self._delivered(i, base.final_lsn):
@@ -465,6 +478,7 @@ class Pipeline:
                         state.outcome_only.append(i)
                     continue
                 state.live.append(i)
+                self._savepoint(state, i)
                 m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
                        self._view(state, i))
             elif resent:
