@@ -15,7 +15,7 @@ import pytest
 from capture import Captured, peek, pgoutput_options
 from recorders import Recorder, TwoPhaseRecorder
 
-from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
+from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
 
 _names = count()
 
@@ -199,3 +199,32 @@ def test_commit_of_a_transaction_prepared_before_this_pipeline_is_refused_for_ot
     c.sql("COMMIT PREPARED 'done'")
     with pytest.raises(Exception, match='prepared transaction "done" was prepared before'):
         c.feed(Recorder(), TwoPhaseRecorder())
+
+
+def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(
+        case: Any, tmp_path: Any) -> None:
+    """Run 1 holds a prepared transaction for an ordinary plugin and acknowledges only up to
+    its PREPARE, while its file is durable past a later commit. Run 2 resumes that file; the
+    server sends the prepared transaction again, and until its PREPARE is back in hand the
+    acknowledgement must not pass where run 1's stopped, or a crash then loses it."""
+    c = case(two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'pending'",
+          "INSERT INTO {t} VALUES (2)")
+    path = str(tmp_path / "out")
+
+    def run() -> tuple[Pipeline, list[LSN]]:
+        pipeline = Pipeline(proto_version=c.proto)
+        pipeline.add(Recorder(), output=FileOutput(path))
+        pipeline.startup()
+        acks = []
+        for item in c.changes():
+            pipeline.feed(item.data, item.lsn)
+            acks.append(pipeline.flush())
+        return pipeline, acks
+
+    first, acks = run()
+    assert first.in_flight  # 'pending' is held
+    stop = acks[-1]
+    c.advance(stop)
+    _, acks = run()
+    assert max(acks) <= stop

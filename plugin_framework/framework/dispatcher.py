@@ -305,6 +305,10 @@ class Pipeline:
         return self._cap(durable)
 
     def _cap(self, lsn: LSN) -> LSN:
+        # Never past what this pipeline has itself finished: outputs resumed after a restart
+        # are durable further than that, but a prepared transaction that a plugin still
+        # needs may lie between (the server sends it again, and only its PREPARE caps).
+        lsn = min(lsn, self._position)
         for state in self._prepared.values():
             if (state.held or state.streamed_held) and state.prepare_lsn is not None:
                 lsn = min(lsn, state.prepare_lsn)
