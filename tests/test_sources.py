@@ -121,6 +121,18 @@ def test_explain_connection_errors() -> None:
         assert "secret123" not in str(error)
 
 
+def test_a_cancelled_statement_is_not_retried_as_a_lost_connection(db: Any) -> None:
+    """SQLSTATE class 57 is mostly a server going away, but 57014 is a statement_timeout:
+    retrying the same peek would time out forever."""
+    with psycopg.connect(db.conninfo) as conn:
+        conn.execute("SET statement_timeout = '10ms'")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT pg_sleep(1)")
+    error = explain(caught.value, db.conninfo)
+    assert type(error) is SourceError
+    assert "SET statement_timeout = 0" in str(error)
+
+
 def test_explain_server_errors() -> None:
     shutdown = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
     assert isinstance(explain(shutdown, CONNINFO), ConnectionLost)
@@ -296,6 +308,49 @@ def test_walsender_reconnects_after_termination(db: Any) -> None:
     lines = lines_of(out)
     assert applied_ids(lines, "t1") == table_ids(db.conninfo, "t1")
     assert applied_ids(lines, "t2") == table_ids(db.conninfo, "t2")
+
+
+def run_within(source: Any, seconds: float) -> None:
+    """``run``, failing (and stopping the source) if it is still running after ``seconds``."""
+    thread = threading.Thread(target=run, args=(source,))
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        source.request_stop()
+        thread.join(60)
+        pytest.fail(f"the source did not stop at --endpos within {seconds} s")
+
+
+@SOURCES
+def test_endpos_stops_with_a_prepared_transaction_held(db: Any, kind: str,
+                                                       tmp_path: Path) -> None:
+    """As pg_recvlogical does, --endpos stops once everything committed before it is
+    delivered, even while a prepared transaction (committed later, if ever) is held for an
+    ordinary plugin; the next run into the same file gets that transaction when it commits,
+    and nothing twice."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_held"
+    create_slot(db.conninfo, slot, two_phase=True)
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t1 VALUES (1, 'prepared', 1)")
+        conn.execute("PREPARE TRANSACTION 'held'")
+        conn.execute("INSERT INTO t1 VALUES (2, 'after', 2)")
+    path = tmp_path / "out"
+
+    def run_to_end() -> list[dict[str, Any]]:
+        # --endpos past the last published change: reached by the server's keepalives
+        query(db.conninfo, "INSERT INTO unpub SELECT generate_series(1, 10)")
+        query(db.conninfo, "DELETE FROM unpub")
+        end = current_lsn(db.conninfo)
+        pipeline, _ = probe_pipeline(output=FileOutput(path))
+        run_within(make_source(kind, SourceConfig(db.conninfo, slot, ["p1"], endpos=end),
+                               pipeline), 30)
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert [ln["new"]["id"] for ln in run_to_end() if ln["cb"] == "change"] == ["2"]
+    query(db.conninfo, "COMMIT PREPARED 'held'")
+    assert [ln["new"]["id"] for ln in run_to_end() if ln["cb"] == "change"] == ["2", "1"]
 
 
 def test_both_sources_deliver_the_same(db: Any) -> None:

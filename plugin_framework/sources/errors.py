@@ -13,6 +13,9 @@ from plugin_framework.sources.replication import ReplicationError
 
 # Connection exceptions, operator intervention (shutdown, restart, starting up), resources.
 _TRANSIENT_CLASSES = ("08", "57", "53")
+# ...except a cancelled statement (statement_timeout, pg_cancel_backend), which a retry
+# only repeats, and a dropped database.
+_NOT_TRANSIENT = ("57014", "57P04")
 
 
 class SourceError(Exception):
@@ -102,7 +105,13 @@ def explain(exc: BaseException, conninfo: str, slot: str | None = None,
     message = _redact(str(exc).strip(), conninfo)
     sqlstate = getattr(exc, "sqlstate", None)
     lower = message.lower()
-    if sqlstate and sqlstate[:2] in _TRANSIENT_CLASSES:
+    if sqlstate == "57014":
+        return SourceError(_advise(
+            message, "A statement_timeout (or pg_cancel_backend) cancelled it. Reading a "
+            "slot can take long: turn the timeout off for this role (ALTER ROLE "
+            f"{_user(conninfo)} SET statement_timeout = 0), or put options='-c "
+            "statement_timeout=0' in -d."))
+    if sqlstate and sqlstate[:2] in _TRANSIENT_CLASSES and sqlstate not in _NOT_TRANSIENT:
         return ConnectionLost(f"connection to {where} lost: {message}")
     if isinstance(exc, psycopg.OperationalError | ReplicationError) and sqlstate is None:
         for words, advice in _FATAL_AT_CONNECT:

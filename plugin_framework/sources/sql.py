@@ -139,7 +139,8 @@ class SqlSource:
             ack = self.pipeline.flush()
             # Everything up to flush_before was read, and handed to the pipeline: nothing
             # before it is left for us (and endpos did not stop us short of it).
-            idle = not full and fed == len(rows) and not self.pipeline.in_flight
+            read_all = not full and fed == len(rows)
+            idle = read_all and not self.pipeline.in_flight
             if (idle and self.pipeline.at_boundary and ack >= self.pipeline.position
                     and flush_before > ack):
                 ack = flush_before
@@ -158,7 +159,9 @@ class SqlSource:
             self.progress.server_end = flush_before
             if self.on_progress is not None:
                 self.on_progress(self.progress)
-            if cfg.endpos is not None and flush_before >= cfg.endpos and idle:
+            # As pg_recvlogical: everything committed before --endpos is delivered; what is
+            # still in flight (held prepared, open streams) ends after it.
+            if cfg.endpos is not None and flush_before >= cfg.endpos and read_all:
                 return
             if not full:
                 self._stop.wait(self.poll_interval)

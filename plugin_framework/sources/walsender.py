@@ -424,14 +424,18 @@ class WalsenderSource:
 
     def _on_keepalive(self, message: PrimaryKeepalive) -> bool:
         """Note the server's WAL end, answer if asked; True when that end reaches --endpos
-        with nothing left in flight (the stream is complete)."""
+        between transactions (the stream is complete).
+
+        As for pg_recvlogical, a keepalive at or past --endpos means that every transaction
+        committed before it has been sent: a prepared one still held, or one still being
+        streamed, ends after --endpos, and is left for the next run (acknowledgement stops
+        short of it, so the server sends it again)."""
         progress, pipeline, endpos = self.progress, self.pipeline, self.config.endpos
         progress.server_end = message.wal_end
         progress.server_time = message.send_time.timestamp()
         if message.reply_requested:
             self._send_status()
-        return (endpos is not None and message.wal_end >= endpos
-                and pipeline.at_boundary and not pipeline.in_flight)
+        return endpos is not None and message.wal_end >= endpos and pipeline.at_boundary
 
     def _send_status(self, final: bool = False) -> None:
         repl = self._repl
