@@ -27,6 +27,7 @@ from streamkit import (
 )
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.framework.context import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
 from plugin_framework.sources.sql import SqlSource
@@ -351,6 +352,27 @@ def test_endpos_stops_with_a_prepared_transaction_held(db: Any, kind: str,
     assert [ln["new"]["id"] for ln in run_to_end() if ln["cb"] == "change"] == ["2"]
     query(db.conninfo, "COMMIT PREPARED 'held'")
     assert [ln["new"]["id"] for ln in run_to_end() if ln["cb"] == "change"] == ["2", "1"]
+
+
+def test_a_file_resumes_only_from_the_slot_that_wrote_it(db: Any, tmp_path: Path) -> None:
+    """A file skips, on resuming, what it holds by LSN: another slot's changes at lower LSNs
+    would be skipped unseen (and acknowledged). The second slot is refused instead, before
+    anything of it is acknowledged."""
+    create_tables(db.conninfo)
+    first, second = f"{db.dbname}_one", f"{db.dbname}_two"
+    create_slot(db.conninfo, first)
+    create_slot(db.conninfo, second)
+    end = run_options_workload(db.conninfo)
+    path = tmp_path / "out"
+    pipeline, _ = probe_pipeline(output=FileOutput(path))
+    pipeline.slot_name = first
+    run(WalsenderSource(SourceConfig(db.conninfo, first, ["p1"], endpos=end), pipeline))
+    before = confirmed_flush(db.conninfo, second)
+    pipeline, _ = probe_pipeline(output=FileOutput(path))
+    pipeline.slot_name = second
+    with pytest.raises(OutputError, match=f'holds the changes of replication slot "{first}"'):
+        run(WalsenderSource(SourceConfig(db.conninfo, second, ["p1"], endpos=end), pipeline))
+    assert confirmed_flush(db.conninfo, second) == before
 
 
 def test_both_sources_deliver_the_same(db: Any) -> None:

@@ -128,6 +128,7 @@ class FileOutput:
     def __init__(self, target: str | os.PathLike[str] | IO[bytes] = "-") -> None:
         self.resume_lsn = LSN(0)
         self._progress: Path | None = None
+        self._slot: str | None = None  # the slot whose stream the file holds
         if isinstance(target, str | os.PathLike):
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
@@ -158,6 +159,7 @@ class FileOutput:
         try:
             state = json.loads(self._progress.read_text())
             self.resume_lsn = LSN(state["lsn"])
+            self._slot = state.get("slot")
             return int(state["size"])
         except FileNotFoundError:
             return None
@@ -171,6 +173,22 @@ class FileOutput:
             return self._file.tell()
         except (OSError, ValueError):
             return 0
+
+    def claim(self, slot: str) -> None:
+        """Bind the file to the slot whose stream it holds. Resuming skips the transactions
+        the file already has by their LSNs, which only means something for that slot: a
+        file written from another slot is refused rather than silently skipping changes."""
+        if self._progress is None:
+            return
+        if self._slot is not None and self._slot != slot:
+            raise OutputError(
+                f'{self._progress.with_suffix("")} holds the changes of replication slot '
+                f'"{self._slot}", not "{slot}": write this slot\'s changes to another file '
+                "(pgdecode resumes a file only from the slot that wrote it)"
+            )
+        if self._slot is None:
+            self._slot = slot
+            self._save_progress(self.durable_lsn, self._marked_size)
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
@@ -208,8 +226,11 @@ class FileOutput:
         forgets what it is told is durable, so this must survive a power loss)."""
         assert self._progress is not None
         tmp = self._progress.with_name(self._progress.name + ".tmp")
+        state: dict[str, Any] = {"lsn": str(lsn), "size": size}
+        if self._slot is not None:
+            state["slot"] = self._slot
         with open(tmp, "w") as f:
-            json.dump({"lsn": str(lsn), "size": size}, f)
+            json.dump(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._progress)

@@ -241,6 +241,13 @@ class Pipeline:
         ``ctx.twophase`` there to receive streamed or prepared transactions whole, at commit
         (as ``ctx->streaming &= ...`` does in C)."""
         self._started = True
+        if self.slot_name is not None:
+            # An output resumed after a restart skips what it holds; that is only right for
+            # the stream that wrote it.
+            for m in self.members:
+                claim = getattr(m.ctx.output, "claim", None)
+                if claim is not None:
+                    claim(self.slot_name)
         self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
         for m in self.members:
             m.ctx.streaming = m.plugin.streaming
