@@ -14,6 +14,7 @@ from streamkit import (
     BIG_ROWS,
     Probe,
     StreamProbe,
+    TwoPhaseProbe,
     applied_ids,
     confirmed_flush,
     create_slot,
@@ -373,6 +374,41 @@ def test_a_file_resumes_only_from_the_slot_that_wrote_it(db: Any, tmp_path: Path
     with pytest.raises(OutputError, match=f'holds the changes of replication slot "{first}"'):
         run(WalsenderSource(SourceConfig(db.conninfo, second, ["p1"], endpos=end), pipeline))
     assert confirmed_flush(db.conninfo, second) == before
+
+
+@SOURCES
+def test_a_slot_created_for_plugins_that_cannot_start_is_dropped_again(db: Any,
+                                                                        kind: str) -> None:
+    """--create-slot, then a plugin refuses its options: the new slot would hold WAL back
+    for nothing, and a rerun would tell the plugin is_init = false for it."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_refused"
+    pipeline = Pipeline(slot_name=slot)
+    pipeline.add(Probe(), options={"fail": "bad option"}, output=MemoryOutput())
+    with pytest.raises(Exception, match="asked to fail: bad option"):
+        run(make_source(kind, SourceConfig(db.conninfo, slot, ["p1"], create_slot=True),
+                        pipeline))
+    assert slot_row(db.conninfo, slot) is None
+
+
+def test_streaming_leaves_a_slot_without_two_phase_as_it_is(db: Any) -> None:
+    """Two-phase decoding is the slot's property, chosen when it is created; asking for it
+    at START_REPLICATION would turn it on for good (PostgreSQL 15 and later). A plugin with
+    two-phase callbacks then gets prepared transactions at COMMIT PREPARED."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_plain"
+    create_slot(db.conninfo, slot, two_phase=False)
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t1 VALUES (1, 'prepared', 1)")
+        conn.execute("PREPARE TRANSACTION 'plain'")
+        conn.execute("COMMIT PREPARED 'plain'")
+    end = current_lsn(db.conninfo)
+    pipeline, (out,) = probe_pipeline(TwoPhaseProbe())
+    run(WalsenderSource(SourceConfig(db.conninfo, slot, ["p1"], endpos=end), pipeline))
+    assert [ln["cb"] for ln in lines_of(out)] == ["begin", "change", "commit"]
+    row = slot_row(db.conninfo, slot)
+    assert row is not None and row["two_phase"] is False
 
 
 def test_both_sources_deliver_the_same(db: Any) -> None:

@@ -9,6 +9,7 @@ pipeline skips what its outputs already have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import psycopg
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.errors import SourceError, explain
-from plugin_framework.sources.slots import create_slot, list_slots
+from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
 from plugin_framework.sources.walsender import (
     Progress,
     SourceConfig,
@@ -100,7 +101,13 @@ class SqlSource:
         if not self._started:
             self.pipeline.set_proto_version(proto)
             self.pipeline.set_server_version(server_version)
-            self.pipeline.startup(is_init=is_init)
+            try:
+                self.pipeline.startup(is_init=is_init)
+            except BaseException:
+                if is_init:  # made by this run for plugins that cannot start: take it back
+                    with contextlib.suppress(psycopg.Error):
+                        drop_slot(conn, cfg.slot, if_exists=True)
+                raise
             self._started = True
         two_phase = cfg.two_phase
         if two_phase is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -183,7 +184,13 @@ def run_with_reconnect(attempt: Callable[[], None], config: SourceConfig, progre
             attempt()
             return
         except ConnectionLost as exc:
-            if not config.reconnect or stop.is_set():
+            if stop.is_set():
+                # Asked to stop (SIGINT/SIGTERM) while connecting or streaming: what was
+                # delivered is durable in the outputs; the rest is the server's to send again.
+                log.info("%s; stopping as asked", exc)
+                pipeline.reset()
+                return
+            if not config.reconnect:
                 raise
             if progress.connected:
                 backoff = 1.0  # that attempt got through: this is a new outage
@@ -218,6 +225,8 @@ class WalsenderSource:
         self._options: dict[str, str] = {}
         self.server_version = 0
         self._last_status = 0.0
+        self._walsender_pid: int | None = None  # of our last connection: its slot use is ours
+        self._slot_two_phase = False
 
     def request_stop(self) -> None:
         """Finish the transaction being delivered, acknowledge, and return from run()."""
@@ -262,13 +271,24 @@ class WalsenderSource:
         if not self._started:
             self.pipeline.set_proto_version(proto)
             self.pipeline.set_server_version(server_version)
-            self.pipeline.startup(is_init=is_init)
+            try:
+                self.pipeline.startup(is_init=is_init)
+            except BaseException:
+                if is_init:  # made by this run for plugins that cannot start: take it back
+                    with contextlib.suppress(psycopg.Error):
+                        repl.command(f"DROP_REPLICATION_SLOT {quote_ident(cfg.slot)}")
+                        log.info('dropped replication slot "%s" again', cfg.slot)
+                raise
             self._started = True
         self._proto = proto
         self.server_version = server_version
+        self._walsender_pid = repl.conn.info.backend_pid
         two_phase = cfg.two_phase
         if two_phase is None:
-            two_phase = proto >= 3 and any(m.ctx.twophase for m in self.pipeline.members)
+            # Only where the slot decodes two-phase already: asking for it on another slot
+            # would turn it on for good (PostgreSQL 15 and later).
+            two_phase = (proto >= 3 and self._slot_two_phase
+                         and any(m.ctx.twophase for m in self.pipeline.members))
         self._options = pgoutput_options(cfg, proto, two_phase, server_version)
         self.progress.connected = True
 
@@ -301,13 +321,14 @@ class WalsenderSource:
         why_lost = "invalidation_reason" if repl.conn.info.server_version >= 170000 else "NULL"
         rows = repl.command(
             "SELECT plugin, database, wal_status, active_pid, confirmed_flush_lsn::text, "
-            f"{why_lost} FROM pg_replication_slots WHERE slot_name = {quote_literal(cfg.slot)}")
+            f"{why_lost}, two_phase FROM pg_replication_slots "
+            f"WHERE slot_name = {quote_literal(cfg.slot)}")
         if not rows:
             raise SourceError(
                 f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
                 f"create -S {cfg.slot} ...` or pass --create-slot"
             )
-        plugin, database, wal_status, pid, confirmed, reason = rows[0]
+        plugin, database, wal_status, pid, confirmed, reason, self._slot_two_phase = rows[0]
         if plugin != "pgoutput":
             raise SourceError(
                 f'replication slot "{cfg.slot}" uses output plugin "{plugin}"; pgdecode reads '
@@ -325,7 +346,7 @@ class WalsenderSource:
                 f"again: {invalidated_advice(cfg.slot, reason)}"
             )
         if pid is not None and not cfg.temporary_slot:
-            if self.progress.reconnects:
+            if pid == self._walsender_pid:
                 # Our own previous walsender, not yet gone: try again shortly.
                 raise ConnectionLost(f'replication slot "{cfg.slot}" is still active for PID {pid}')
             raise SourceError(
@@ -351,7 +372,8 @@ class WalsenderSource:
         try:
             repl.start(cfg.slot, LSN(0), self._options)
         except psycopg.errors.ObjectInUse as exc:
-            if self.progress.reconnects:  # our previous walsender, not yet gone
+            active = re.search(r"PID (\d+)", str(exc))
+            if active and int(active[1]) == self._walsender_pid:  # ours, not yet gone
                 raise ConnectionLost(str(exc).strip()) from None
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
         except psycopg.Error as exc:
