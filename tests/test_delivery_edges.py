@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from capture import Captured, peek, pgoutput_options
-from recorders import Recorder, TwoPhaseRecorder
+from recorders import Recorder, StreamRecorder, TwoPhaseRecorder, apply_streams
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
 
@@ -228,3 +228,32 @@ def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(
     c.advance(stop)
     _, acks = run()
     assert max(acks) <= stop
+
+
+def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kept_once(
+        case: Any) -> None:
+    """A streaming plugin without two-phase callbacks got a transaction's blocks, then its
+    Stream Prepare: it waits for COMMIT PREPARED. The connection is lost (Pipeline.reset)
+    and the server streams the transaction again from its start (acknowledgement stopped
+    at the PREPARE). The plugin must end with the transaction's rows once, not none."""
+    c = case(two_phase=True)
+    c.sql("BEGIN", "INSERT INTO {t} SELECT g FROM generate_series(1, 3000) g",
+          "PREPARE TRANSACTION 'again'")
+    c.conn.execute("SET logical_decoding_work_mem = '64kB'")  # the peek streams it
+    options = pgoutput_options(c.proto, publication=c.publication, streaming="on")
+    sent = peek(c.conn, c.slot, options)
+    assert any(item.data[:1] == b"p" for item in sent), "no Stream Prepare"
+    plugin = StreamRecorder()
+    pipeline = Pipeline(proto_version=c.proto)
+    pipeline.add(plugin, output=MemoryOutput())
+    pipeline.startup()
+    for item in sent:
+        pipeline.feed(item.data, item.lsn)
+    pipeline.reset()
+    for item in sent:  # what a reconnect gets: the same again
+        pipeline.feed(item.data, item.lsn)
+    c.sql("COMMIT PREPARED 'again'")
+    for item in peek(c.conn, c.slot, options)[len(sent):]:
+        pipeline.feed(item.data, item.lsn)
+    rows = [e for e in apply_streams(plugin.events) if e[0] == "change"]
+    assert len(rows) == 3000

@@ -731,7 +731,14 @@ class Pipeline:
         """First content of a block: filter by origin once, open the block for streamers."""
         if not state.started:
             state.started = True
-            state.skipped = self._origin_filtered(state)
+            xid = state.base.xid
+            if any(held.base.xid == xid for held in self._prepared.values()):
+                # The server streams again a transaction we hold prepared (the connection was
+                # lost after its Stream Prepare): every member has it or will have it from
+                # the spool; its re-sent Stream Prepare is then skipped too.
+                state.skipped = list(range(len(self.members)))
+            else:
+                state.skipped = self._origin_filtered(state)
             for i, m in enumerate(self.members):
                 if i in state.skipped:
                     continue
