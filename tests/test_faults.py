@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from streamkit import (
     Probe,
+    StreamProbe,
     cli_env,
     confirmed_flush,
     create_slot,
@@ -158,6 +159,58 @@ def test_connection_lost_in_a_transaction_leaves_it_in_the_file_once(
     assert source.progress.reconnects >= 1
     assert cutter.seen > rows, "the whole transaction arrived before the connection was cut"
     check_exactly_once(conninfo, read_lines(out))
+
+
+def applied_stream_ids(lines: list[dict[str, Any]]) -> list[int]:
+    """The t ids a subscriber applying a stream probe's lines would have: stream blocks held
+    per transaction, dropped at stream_abort, applied at stream_commit. Every stream in the
+    file must end (a subscriber would hold an unended one forever)."""
+    pending: dict[int, list[int]] = {}
+    applied: list[int] = []
+    for ln in lines:
+        if ln["cb"] == "stream_change":
+            pending.setdefault(ln["xid"], []).append(int(ln["new"]["id"]))
+        elif ln["cb"] == "stream_abort" and ln["subxid"] == ln["xid"]:
+            pending.pop(ln["xid"], None)
+        elif ln["cb"] == "stream_commit":
+            applied += pending.pop(ln["xid"], [])
+        elif ln["cb"] == "change":
+            applied.append(int(ln["new"]["id"]))
+    assert not pending, f"streams without an end: {sorted(pending)}"
+    return applied
+
+
+def test_stream_left_open_by_a_stop_is_aborted_before_it_comes_again(
+        db: Any, tmp_path: Path) -> None:
+    """A run stops (here at --endpos) while a large transaction is still being streamed:
+    its first blocks are in the file, made durable by a later commit. The next run gets the
+    transaction again from its start (whole: the server streams nothing it decodes before
+    the slot's confirmed position); the old blocks are aborted first, so the file ends every
+    stream and applies the transaction once."""
+    conninfo = db.conninfo
+    make_table(conninfo)
+    create_slot(conninfo, "s")
+    out = tmp_path / "out.jsonl"
+
+    def run_to(end: LSN) -> None:
+        pipeline = Pipeline(slot_name="s")
+        pipeline.add(StreamProbe(), output=FileOutput(str(out)))
+        source = WalsenderSource(SourceConfig(conninfo, "s", ["pub"], endpos=end), pipeline)
+        try:
+            source.run()
+        finally:
+            pipeline.shutdown()
+
+    with psycopg.connect(conninfo, autocommit=True) as big:
+        big.execute("BEGIN")
+        big.execute("INSERT INTO t SELECT g, 'big' FROM generate_series(1, 5000) g")
+        small_transactions(conninfo, 10_001, 1)  # commits while the big one is open
+        run_to(current_lsn(conninfo))
+        assert any(ln["cb"] == "stream_change" for ln in read_lines(out)), "not streamed"
+        big.execute("COMMIT")
+    run_to(current_lsn(conninfo))
+    applied = applied_stream_ids(read_lines(out))
+    assert sorted(applied) == table_ids(conninfo, "t")
 
 
 # --- 1, 2: SIGKILL of the consumer in a large transaction, and restart -------------------------

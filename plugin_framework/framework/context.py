@@ -129,6 +129,11 @@ class FileOutput:
         self.resume_lsn = LSN(0)
         self._progress: Path | None = None
         self._slot: str | None = None  # the slot whose stream the file holds
+        # xids of streamed transactions that have blocks in the file but no end yet: now, at
+        # the last mark, and at the durable point this file was resumed from
+        self._open_streams: list[int] = []
+        self._marked_streams: list[int] = []
+        self.resume_open_streams: list[int] = []
         if isinstance(target, str | os.PathLike):
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
@@ -160,6 +165,7 @@ class FileOutput:
             state = json.loads(self._progress.read_text())
             self.resume_lsn = LSN(state["lsn"])
             self._slot = state.get("slot")
+            self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
             return int(state["size"])
         except FileNotFoundError:
             return None
@@ -206,11 +212,19 @@ class FileOutput:
         self._file.truncate(savepoint)
         self._file.seek(savepoint)
 
+    def note_open_streams(self, xids: list[int]) -> None:
+        """The streamed transactions whose blocks this file has, still without an end (the
+        pipeline says so before each mark). A restart resumes with them in
+        ``resume_open_streams``: the server streams them again from their start, so the
+        plugin is told to abort each first, as after a lost connection."""
+        self._open_streams = xids
+
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
             self._marked = lsn
             if self._progress is not None:
                 self._marked_size = self._file.tell()
+                self._marked_streams = self._open_streams
 
     def flush(self) -> LSN:
         self._file.flush()
@@ -229,6 +243,8 @@ class FileOutput:
         state: dict[str, Any] = {"lsn": str(lsn), "size": size}
         if self._slot is not None:
             state["slot"] = self._slot
+        if self._marked_streams:
+            state["open_streams"] = self._marked_streams
         with open(tmp, "w") as f:
             json.dump(state, f)
             f.flush()

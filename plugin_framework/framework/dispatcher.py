@@ -256,6 +256,14 @@ class Pipeline:
                 m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
             m.ctx.streaming = m.ctx.streaming and m.plugin.streaming
             m.ctx.twophase = m.ctx.twophase and m.plugin.two_phase
+        for m in self.members:
+            # Streams the output had blocks of, unfinished, when it was last durable: the
+            # server streams them again from their start. Abort the old blocks first, as
+            # reset() does after a lost connection.
+            for xid in getattr(m.ctx.output, "resume_open_streams", ()):
+                if m.plugin.has("stream_abort"):
+                    m.call("stream_abort", LSN(0), xid,
+                           Transaction(xid, is_streamed=True), None)
 
     def shutdown(self) -> None:
         for m in self.members:
@@ -340,12 +348,21 @@ class Pipeline:
         if savepoint is not None:
             state.savepoints[i] = savepoint()
 
+    def _open_streams(self, i: int) -> list[int]:
+        """The streamed transactions member i has blocks of, and no end for yet."""
+        return ([s.base.xid for s in self._streams.values() if i in s.live]
+                + [s.base.xid for s in self._prepared.values() if i in s.streamed_held])
+
     def _mark(self, members: Iterable[int], lsn: LSN) -> None:
         done = self._done
         if lsn > self._position:
             self._position = lsn
         for i in members:
-            self.members[i].ctx.output.mark(lsn)
+            output = self.members[i].ctx.output
+            note = getattr(output, "note_open_streams", None)
+            if note is not None:
+                note(self._open_streams(i))
+            output.mark(lsn)
             if lsn > done[i]:
                 done[i] = lsn
 
