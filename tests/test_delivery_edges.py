@@ -43,6 +43,14 @@ class Case:
         return peek(self.conn, self.slot, pgoutput_options(self.proto,
                                                            publication=self.publication))
 
+    def streamed_changes(self) -> list[Captured]:
+        """What the slot holds, with streaming on: the test clusters' logical_decoding_work_mem
+        of 64kB makes the server stream a few thousand rows."""
+        items = peek(self.conn, self.slot, pgoutput_options(
+            self.proto, publication=self.publication, streaming="on"))
+        assert any(item.data[:1] == b"S" for item in items), "the server did not stream it"
+        return items
+
     def feed(self, *plugins: OutputPlugin) -> Pipeline:
         pipeline = Pipeline(proto_version=self.proto)
         for plugin in plugins:
@@ -137,10 +145,7 @@ def test_streamed_prepared_transaction_that_alters_its_table_replays_each_row_as
           "ALTER TABLE {t} DROP COLUMN a",
           "INSERT INTO {t} SELECT g, 'b' || g FROM generate_series(3001, 6000) g",
           "PREPARE TRANSACTION 'reshape-streamed'", "COMMIT PREPARED 'reshape-streamed'")
-    c.conn.execute("SET logical_decoding_work_mem = '64kB'")  # the peek streams it
-    options = pgoutput_options(c.proto, publication=c.publication, streaming="on")
-    items = peek(c.conn, c.slot, options)
-    assert any(item.data[:1] == b"S" for item in items), "the server did not stream it"
+    items = c.streamed_changes()
     ordinary = Recorder()
     pipeline = Pipeline(proto_version=c.proto)
     pipeline.add(ordinary, output=MemoryOutput())
@@ -239,9 +244,7 @@ def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kep
     c = case(two_phase=True)
     c.sql("BEGIN", "INSERT INTO {t} SELECT g FROM generate_series(1, 3000) g",
           "PREPARE TRANSACTION 'again'")
-    c.conn.execute("SET logical_decoding_work_mem = '64kB'")  # the peek streams it
-    options = pgoutput_options(c.proto, publication=c.publication, streaming="on")
-    sent = peek(c.conn, c.slot, options)
+    sent = c.streamed_changes()
     assert any(item.data[:1] == b"p" for item in sent), "no Stream Prepare"
     plugin = StreamRecorder()
     pipeline = Pipeline(proto_version=c.proto)
@@ -253,7 +256,7 @@ def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kep
     for item in sent:  # what a reconnect gets: the same again
         pipeline.feed(item.data, item.lsn)
     c.sql("COMMIT PREPARED 'again'")
-    for item in peek(c.conn, c.slot, options)[len(sent):]:
+    for item in c.streamed_changes()[len(sent):]:
         pipeline.feed(item.data, item.lsn)
     rows = [e for e in apply_streams(plugin.events) if e[0] == "change"]
     assert len(rows) == 3000

@@ -323,6 +323,14 @@ def run_within(source: Any, seconds: float) -> None:
         pytest.fail(f"the source did not stop at --endpos within {seconds} s")
 
 
+def prepare_row(conninfo: str, gid: str) -> None:
+    """PREPARE TRANSACTION gid, of one insert into t1 (id 1)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t1 VALUES (1, 'prepared', 1)")
+        conn.execute(psycopg.sql.SQL("PREPARE TRANSACTION {}").format(gid))
+
+
 @SOURCES
 def test_endpos_stops_with_a_prepared_transaction_held(db: Any, kind: str,
                                                        tmp_path: Path) -> None:
@@ -333,11 +341,8 @@ def test_endpos_stops_with_a_prepared_transaction_held(db: Any, kind: str,
     create_tables(db.conninfo)
     slot = f"{db.dbname}_held"
     create_slot(db.conninfo, slot, two_phase=True)
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t1 VALUES (1, 'prepared', 1)")
-        conn.execute("PREPARE TRANSACTION 'held'")
-        conn.execute("INSERT INTO t1 VALUES (2, 'after', 2)")
+    prepare_row(db.conninfo, "held")
+    query(db.conninfo, "INSERT INTO t1 VALUES (2, 'after', 2)")
     path = tmp_path / "out"
 
     def run_to_end() -> list[dict[str, Any]]:
@@ -398,11 +403,8 @@ def test_streaming_leaves_a_slot_without_two_phase_as_it_is(db: Any) -> None:
     create_tables(db.conninfo)
     slot = f"{db.dbname}_plain"
     create_slot(db.conninfo, slot, two_phase=False)
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t1 VALUES (1, 'prepared', 1)")
-        conn.execute("PREPARE TRANSACTION 'plain'")
-        conn.execute("COMMIT PREPARED 'plain'")
+    prepare_row(db.conninfo, "plain")
+    query(db.conninfo, "COMMIT PREPARED 'plain'")
     end = current_lsn(db.conninfo)
     pipeline, (out,) = probe_pipeline(TwoPhaseProbe())
     run(WalsenderSource(SourceConfig(db.conninfo, slot, ["p1"], endpos=end), pipeline))
