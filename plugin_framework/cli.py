@@ -534,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        check_dbname(args)
         return int(args.func(args))
     except UsageError as exc:
         _report(args, f"{exc}", usage=True)
@@ -547,6 +548,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             _report(args, f"{exc}")
             return 1
         raise
+
+
+def check_dbname(args: argparse.Namespace) -> None:
+    """-d, checked once before any command uses it: a string that cannot be parsed, or that
+    libpq would misread (part of the password taken for a host or port, and printed), is
+    refused without showing any of it."""
+    from plugin_framework.sources.errors import ConninfoError, check_conninfo
+
+    dbname = getattr(args, "dbname", None)
+    if dbname:
+        try:
+            check_conninfo(dbname)
+        except ConninfoError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _report(args: argparse.Namespace, message: str, usage: bool = False) -> None:

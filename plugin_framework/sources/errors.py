@@ -6,6 +6,9 @@ a SourceError with advice. Connection details are shown without their password.
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote
+
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
@@ -26,12 +29,104 @@ class ConnectionLost(SourceError):
     """The connection dropped; the source may reconnect and resume from the slot."""
 
 
-def describe_conninfo(conninfo: str) -> str:
-    """host/port/database/user of a conninfo, never its password."""
+_URI_SCHEMES = ("postgresql://", "postgres://")  # as libpq spells them (case matters)
+# In a URI's user name or password: "/" and "@" end it early, and "%" must start %XX.
+_UNENCODED = re.compile(r"[/@]|%(?![0-9A-Fa-f]{2})")
+_PERCENT_ENCODE = ("percent-encode special characters in the user name and password of a "
+                   "URI (/ as %2F, @ as %40, % as %25, and the same in the database name), "
+                   "or give the password with PGPASSWORD or ~/.pgpass")
+
+
+class ConninfoError(ValueError):
+    """A connection string that cannot be used as written; the message shows none of it."""
+
+
+def _uri_userinfo(conninfo: str) -> str | None:
+    """The user-info part of a URI (``user:password``) as its writer meant it: whatever
+    precedes the last "@" ahead of the query string. libpq stops at the first "@" or "/"
+    instead, so an unencoded one in the password turns the rest into host, port or
+    database. None when the string is not a URI or has no user info."""
+    for scheme in _URI_SCHEMES:
+        if conninfo.startswith(scheme):
+            head = conninfo[len(scheme):].split("?", 1)[0]
+            at = head.rfind("@")
+            return head[:at] if at >= 0 else None
+    return None
+
+
+def check_conninfo(conninfo: str) -> None:
+    """Refuse (ConninfoError) a connection string that psycopg cannot parse, or a URI whose
+    user info has an unencoded "/", "@" or "%" (libpq would read part of the password as a
+    host, port or database name, and print it). Neither message shows any of the string:
+    it may hold a password."""
+    if _misread(conninfo):
+        raise ConninfoError(
+            "the connection URI given with -d has an unencoded /, @ or % before its host: "
+            f"{_PERCENT_ENCODE}")
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        raise ConninfoError(
+            "the connection string given with -d cannot be parsed (it is not shown: it may "
+            f"hold a password): check its syntax, quote values with spaces in single quotes "
+            f"in a key=value string, and {_PERCENT_ENCODE}") from None
+
+
+def _misread(conninfo: str) -> bool:
+    """Whether libpq would read another password than the one its writer meant (or none)."""
+    userinfo = _uri_userinfo(conninfo)
+    return userinfo is not None and _UNENCODED.search(userinfo) is not None
+
+
+_KV_PASSWORD = re.compile(r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)")
+
+
+def _password_candidates(conninfo: str) -> list[str]:
+    """What may be the password of a connection string libpq cannot parse (or misreads): a
+    URI's user info and what follows its first ":", raw and decoded; the value of a
+    password= key, quoted and not."""
+    found: list[str] = []
+    userinfo = _uri_userinfo(conninfo)
+    if userinfo:
+        found.append(userinfo)
+        password = userinfo.partition(":")[2]
+        found += [password, unquote(password)]
+    for match in _KV_PASSWORD.finditer(conninfo):
+        value = match.group(1)
+        found += [value, re.sub(r"\\(.)", r"\1", value.strip("'"))]
+    return [f for f in found if f]
+
+
+def _redact(text: str, conninfo: str) -> str:
+    """``text`` (a message about ``conninfo``) without the password. A string that
+    ``check_conninfo`` refuses may have been misread, and libpq's message may echo any part
+    of it: then the string itself, whatever may be a password, every value libpq read
+    from it, and every quoted fragment of it are hidden."""
     try:
         params = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
-        return "(unparsable connection string)"
+        params = {}
+    else:
+        if not _misread(conninfo):
+            password = params.get("password")
+            return text.replace(str(password), "********") if password else text
+    if conninfo:
+        text = text.replace(conninfo, "(the connection string)")
+    hidden = _password_candidates(conninfo) + [str(v) for v in params.values() if v]
+    for candidate in sorted(set(hidden), key=len, reverse=True):
+        text = text.replace(candidate, "********")
+    return re.sub(r"""(["'])([^"']+)\1""",
+                  lambda m: f"{m.group(1)}...{m.group(1)}" if m.group(2) in conninfo
+                  else m.group(0), text)
+
+
+def describe_conninfo(conninfo: str) -> str:
+    """host/port/database/user of a conninfo, never its password."""
+    try:
+        check_conninfo(conninfo)
+        params = conninfo_to_dict(conninfo)
+    except (ConninfoError, psycopg.ProgrammingError):
+        return "(a connection string that cannot be read as written)"
     shown = [f"{k}={params[k]}" for k in ("host", "port", "dbname", "user") if params.get(k)]
     return " ".join(shown) or "(PG* environment defaults)"
 
@@ -43,14 +138,6 @@ def _user(conninfo: str) -> str:
     except psycopg.ProgrammingError:
         user = None
     return str(user) if user else "name"
-
-
-def _redact(text: str, conninfo: str) -> str:
-    try:
-        password = conninfo_to_dict(conninfo).get("password")
-    except psycopg.ProgrammingError:
-        return text
-    return text.replace(str(password), "********") if password else text
 
 
 def _advise(message: str, advice: str) -> str:
