@@ -153,7 +153,14 @@ def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFi
         if reason is not None:
             raise UsageError(f"{reason}: pass -d CONNINFO, a connection to the database the "
                              "changes come from")
-    return cfg.build(conninfo)
+    import psycopg
+
+    from plugin_framework.sources.errors import explain
+
+    try:
+        return cfg.build(conninfo)
+    except psycopg.Error as exc:  # the catalog connection: refused, bad password...
+        raise explain(exc, conninfo or "") from None
 
 
 def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,

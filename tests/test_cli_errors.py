@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from pgtest import TestDatabase
 from psycopg.conninfo import conninfo_to_dict
 from streamkit import (
     cli_env,
     install_probes,
+    query,
     run_cli,
 )
 
 from plugin_framework.sources.capture import MAGIC
+from plugin_framework.sources.cluster import LocalCluster
 from plugin_framework.sources.errors import describe_conninfo, explain
 
 
@@ -127,3 +131,59 @@ def test_redaction_of_an_echo() -> None:
         conninfo_to_dict(conninfo)
     assert "Zq7" in str(caught.value)  # libpq echoes the token
     assert "Zq7" not in str(explain(caught.value, conninfo))
+
+
+# --- 2a: the catalog connection of the row filters -------------------------------------------
+
+
+FILTERS = [("--row-filter", "public.t:(id > 1)"), ("--filters-from-publication", "p")]
+
+
+def filtered_commands(conninfo: str, tmp_path: Path) -> Iterator[list[str]]:
+    header_only = write_capture(tmp_path / "h.cap", GOOD_HEADER)
+    for option in FILTERS:
+        yield ["stream", "-d", conninfo, "-S", "s", "--publication", "p", "--no-reconnect",
+               "-f", str(tmp_path / "out"), *option]
+        yield ["replay", str(header_only), "-d", conninfo, "-f", str(tmp_path / "out"),
+               *option]
+
+
+def test_row_filters_cannot_connect(db: TestDatabase, env: dict[str, str],
+                                    tmp_path: Path) -> None:
+    missing_db = db.cluster.conninfo(f"{db.dbname}_nope")
+    refused = "host=127.0.0.1 port=1 dbname=x user=someone"
+    for conninfo, says in [(missing_db, f'database "{db.dbname}_nope" does not exist'),
+                           (refused, "Connection refused")]:
+        for command in filtered_commands(conninfo, tmp_path):
+            result = run_cli(command, env=env, timeout=60)
+            assert result.returncode == 1, (command, result.stderr)
+            error = error_of(result)
+            assert error.startswith(f"pgdecode: error: cannot connect to "
+                                    f"{describe_conninfo(conninfo)}"), error
+            assert says in error
+            assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def password_cluster(pg: LocalCluster) -> Iterator[LocalCluster]:
+    """A cluster of its own where role "alice" must give her password over TCP."""
+    with LocalCluster(pg.bindir) as cluster:
+        query(cluster.conninfo(), "CREATE ROLE alice LOGIN REPLICATION PASSWORD 'Right0ne'")
+        hba = cluster.datadir / "pg_hba.conf"
+        hba.write_text("host all alice 127.0.0.1/32 scram-sha-256\n"
+                       "host replication alice 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        query(cluster.conninfo(), "SELECT pg_reload_conf()")
+        yield cluster
+
+
+def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[str, str],
+                                    tmp_path: Path) -> None:
+    for conninfo in (password_cluster.conninfo(user="alice", password="Wr0ngPw"),
+                     f"postgresql://alice:Wr0ngPw@127.0.0.1:{password_cluster.port}/postgres"):
+        for command in filtered_commands(conninfo, tmp_path):
+            result = run_cli(command, env=env, timeout=60)
+            assert result.returncode == 1, (command, result.stderr)
+            error = error_of(result)
+            assert 'password authentication failed for user "alice"' in error
+            assert "Check the user name and the password" in error
+            assert "Wr0ngPw" not in result.stderr
