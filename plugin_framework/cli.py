@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -427,6 +428,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return int(run_demo(args))
 
 
+def positive_seconds(text: str) -> float:
+    """--status-interval: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def positive_megabytes(text: str) -> int:
+    """--memory-limit: a positive whole number of megabytes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of megabytes: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (megabyte), not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgdecode",
@@ -447,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "FILE.EMITTER each")
         p.add_argument("--emitter-allowlist", metavar="NAME,...",
                        help="load only these emitters (also PGDECODE_EMITTER_ALLOWLIST)")
-        p.add_argument("--memory-limit", type=int, metavar="MB",
+        p.add_argument("--memory-limit", type=positive_megabytes, metavar="MB",
                        help="memory for reassembling transactions before spilling to disk "
                             "(default 64)")
 
@@ -479,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--binary", action="store_true", help="binary column values")
         p.add_argument("--origin", choices=("any", "none"),
                        help="only changes with no origin (none), or all (any; PostgreSQL 16+)")
-        p.add_argument("--status-interval", type=float, default=10.0, metavar="SECONDS",
+        p.add_argument("--status-interval", type=positive_seconds, default=10.0,
+                       metavar="SECONDS",
                        help="seconds between acknowledgements (default 10)")
         p.add_argument("--no-reconnect", action="store_true",
                        help="exit instead of reconnecting when the connection drops")

@@ -187,3 +187,26 @@ def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[st
             assert 'password authentication failed for user "alice"' in error
             assert "Check the user name and the password" in error
             assert "Wr0ngPw" not in result.stderr
+
+
+# --- 2c: numeric options ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--status-interval", "-5"), ("--status-interval", "nan"), ("--status-interval", "inf"),
+    ("--status-interval", "0"), ("--memory-limit", "0"), ("--memory-limit", "-1"),
+])
+def test_numeric_options_checked_first(env: dict[str, str], option: str, value: str) -> None:
+    commands = [["stream", "-d", "host=127.0.0.1 port=1 dbname=x", "-S", "s",
+                 "--publication", "p", "--no-reconnect", f"{option}={value}"]]
+    if option == "--status-interval":
+        commands.append(["capture", "-d", "host=127.0.0.1 port=1 dbname=x", "-S", "s",
+                         "--publication", "p", "--no-reconnect", "-f", "x.cap",
+                         f"{option}={value}"])
+    else:
+        commands.append(["replay", "x.cap", f"{option}={value}"])
+    for command in commands:
+        result = run_cli(command, env=env, timeout=60)
+        assert result.returncode == 2, (command, result.stderr)
+        assert f"argument {option}: " in result.stderr and repr(value) in result.stderr
+        assert "cannot connect" not in result.stderr
