@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -107,16 +108,49 @@ def _allowlist(args: argparse.Namespace) -> list[str] | None:
     return args.emitter_allowlist.split(",") if args.emitter_allowlist else None
 
 
-def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
-                   default_emitter: str = "json") -> Any:
-    """A Pipeline with the emitters named on the command line, writing to -f."""
-    from plugin_framework.framework import Catalog, FileOutput, Pipeline
+def plan_emitters(args: argparse.Namespace,
+                  default_emitter: str = "json") -> list[tuple[Any, dict[str, str | None], str]]:
+    """The emitters named on the command line, loaded: each with its -o options and the
+    file it writes (-f; FILE.EMITTER each with several)."""
     from plugin_framework.framework.registry import load_emitter
 
     emitters = args.emitter or [default_emitter]
     if len(set(emitters)) != len(emitters):
         raise UsageError("an emitter can be named once; use -o EMITTER.NAME=VALUE to vary options")
     options = parse_plugin_options(args.option or [], emitters)
+    plan = []
+    for name in emitters:
+        target = args.file_out
+        if len(emitters) > 1 and target != "-":
+            target = f"{target}.{name}"  # one file per emitter
+        plan.append((load_emitter(name, _allowlist(args)), options[name], target))
+    return plan
+
+
+def cannot_open(target: str, exc: OSError, progress: bool = True) -> str:
+    """An output file that cannot be opened: which, why, and what to do."""
+    which = f" ({exc.filename})" if exc.filename and str(exc.filename) != target else ""
+    beside = " (FILE.progress goes beside it)" if progress else ""
+    return (f"cannot open {target} for writing{which}: {exc.strerror or exc}: give -f a file "
+            f"in an existing directory that you can write to{beside}")
+
+
+def open_output(target: str) -> Any:
+    """FileOutput(target), an error naming the file if it cannot be opened."""
+    from plugin_framework.framework import FileOutput, OutputError
+
+    try:
+        return FileOutput(target)
+    except OSError as exc:
+        raise OutputError(cannot_open(target, exc)) from None
+
+
+def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
+                   default_emitter: str = "json") -> Any:
+    """A Pipeline with the emitters named on the command line, writing to -f."""
+    from plugin_framework.framework import Catalog, Pipeline
+
+    plan = plan_emitters(args, default_emitter)
     memory = args.memory_limit * 1024 * 1024 if getattr(args, "memory_limit", None) else None
     kwargs: dict[str, Any] = {"slot_name": slot}
     if memory:
@@ -124,19 +158,17 @@ def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo:
     if catalog_conninfo:
         kwargs["catalog"] = Catalog(catalog_conninfo)
     pipeline = Pipeline(**kwargs)
-    for name in emitters:
-        loaded = load_emitter(name, _allowlist(args))
+    files = args.output_files = []  # for naming the file in an error: see _file_error
+    for loaded, options, target in plan:
         # An emitter that delivers elsewhere (Spark) brings its own Output, which says when
         # its work is durable; the others write to -f.
         make_output = getattr(loaded.plugin, "make_output", None)
         if callable(make_output):
             output = make_output()
         else:
-            target = args.file_out
-            if len(emitters) > 1 and target != "-":
-                target = f"{target}.{name}"  # one file per emitter
-            output = FileOutput(target)
-        pipeline.add(loaded, options=options[name], output=output)
+            output = open_output(target)
+            files.append((output, target))
+        pipeline.add(loaded, options=options, output=output)
     return pipeline
 
 
@@ -326,7 +358,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 def cmd_capture(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from plugin_framework.framework import Pipeline
+    from plugin_framework.framework import OutputError, Pipeline
     from plugin_framework.protocol import encode_copy_data
     from plugin_framework.sources.capture import CaptureHeader, CaptureWriter
     from plugin_framework.sources.errors import ConnectionLost, SourceError
@@ -342,9 +374,16 @@ def cmd_capture(args: argparse.Namespace) -> int:
     # A capture is one session's stream: after a reconnect the server sends again what was
     # not acknowledged, and a replay would see it twice, the first time cut short.
     config.reconnect = False
-    if os.path.exists(args.file_out) and os.path.getsize(args.file_out) > 0:
+    existed = os.path.exists(args.file_out)
+    if existed and os.path.getsize(args.file_out) > 0:
         raise UsageError(f"{args.file_out} exists: a capture is never overwritten (the slot "
                          "has moved past what it holds); give another file")
+    # Opened now, so that a file that cannot be written is refused before streaming starts;
+    # the header is written with the first message (it holds what the connection told).
+    try:
+        out = open(args.file_out, "ab")  # noqa: SIM115  (handed to the writer, or closed)
+    except OSError as exc:
+        raise OutputError(cannot_open(args.file_out, exc, progress=False)) from None
     pipeline = Pipeline()
     writer: CaptureWriter | None = None
     source: WalsenderSource
@@ -356,7 +395,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                 proto_version=pipeline.proto_version, options=dict(source._options),
                 server_version=source.server_version, slot=config.slot,
                 created=datetime.now(UTC).isoformat())
-            writer = CaptureWriter(args.file_out, header)
+            writer = CaptureWriter(out, header)
         writer.write(encode_copy_data(message))
 
     def sync() -> None:
@@ -375,6 +414,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
         if writer is not None:
             sync()
             writer.close()
+        else:
+            out.close()
+            if not existed:  # nothing was recorded: leave no empty capture behind
+                with contextlib.suppress(OSError):
+                    os.remove(args.file_out)
     return 0
 
 
@@ -575,6 +619,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:
+        message = _file_error(exc, args)
+        if message is not None:
+            _report(args, message)
+            return 1
         if _is_user_facing(exc):
             _report(args, f"{exc}")
             return 1
@@ -593,6 +641,39 @@ def check_dbname(args: argparse.Namespace) -> None:
             check_conninfo(dbname)
         except ConninfoError as exc:
             raise UsageError(str(exc)) from None
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what led to it: causes, contexts, a callback's own exception."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+    return seen
+
+
+def _file_error(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """An error writing an output file (-f), naming the file and saying what to do; None if
+    the error is something else. The OSError of a failed write names no file: its traceback
+    tells which of the command's outputs raised it."""
+    files = getattr(args, "output_files", None) or []
+    for error in _causes(exc):
+        if not isinstance(error, OSError) or error.filename is not None:
+            continue
+        tb = error.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            for output, target in files:
+                if owner is output:
+                    return (f"cannot write to {target}: {error.strerror or error}. Make room "
+                            "there (or give another file with -f) and run the command again: "
+                            "it goes on from what the file holds")
+            tb = tb.tb_next
+    return None
 
 
 def _report(args: argparse.Namespace, message: str, usage: bool = False) -> None:

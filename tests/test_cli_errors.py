@@ -7,6 +7,8 @@ involved."""
 from __future__ import annotations
 
 import json
+import resource
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,11 @@ import pytest
 from pgtest import TestDatabase
 from psycopg.conninfo import conninfo_to_dict
 from streamkit import (
+    cli_command,
     cli_env,
+    confirmed_flush,
+    create_slot,
+    current_lsn,
     install_probes,
     query,
     run_cli,
@@ -210,3 +216,155 @@ def test_numeric_options_checked_first(env: dict[str, str], option: str, value: 
         assert result.returncode == 2, (command, result.stderr)
         assert f"argument {option}: " in result.stderr and repr(value) in result.stderr
         assert "cannot connect" not in result.stderr
+
+
+# --- captures from a real server --------------------------------------------------------------
+
+
+class Captured:
+    """Captures of one workload: a small transaction, a medium one, a large one (some 1.7 MB
+    of probe output) and a small last one."""
+
+    def __init__(self, db: TestDatabase, whole: Path, head: Path, slot: str, end: Any) -> None:
+        self.db = db
+        self.whole = whole  # all four transactions
+        self.head = head  # the first two (some 130 kB of probe output)
+        self.slot = slot  # a third slot, not read yet
+        self.end = end
+
+
+@pytest.fixture(scope="module")
+def captured(pg_module_db: TestDatabase, probes: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> Captured:
+    db = pg_module_db
+    env = cli_env(probes)
+    directory = tmp_path_factory.mktemp("captures")
+    query(db.conninfo, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    query(db.conninfo, "CREATE PUBLICATION p FOR TABLE t")
+    slots = [f"{db.dbname}_{name}" for name in ("whole", "head", "live")]
+    for slot in slots:
+        create_slot(db.conninfo, slot)
+    files = {"whole": directory / "whole.cap", "head": directory / "head.cap"}
+
+    def capture(name: str, upto: Any) -> None:
+        result = run_cli(["capture", "-d", db.conninfo, "-S", f"{db.dbname}_{name}",
+                          "--publication", "p", "-E", str(upto), "-f", str(files[name])],
+                         env=env)
+        assert result.returncode == 0, result.stderr
+
+    query(db.conninfo, "INSERT INTO t VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+    query(db.conninfo, "INSERT INTO t SELECT g, repeat('m', 500) FROM generate_series(10, 209) g")
+    capture("head", current_lsn(db.conninfo))
+    query(db.conninfo, "INSERT INTO t SELECT g, repeat('x', 500) "
+                       "FROM generate_series(1000, 3999) g")
+    query(db.conninfo, "INSERT INTO t VALUES (5000, 'last'), (5001, 'very last')")
+    end = current_lsn(db.conninfo)
+    capture("whole", end)
+    return Captured(db, files["whole"], files["head"], slots[2], end)
+
+
+def frames(path: Path) -> list[tuple[int, bytes]]:
+    """(offset, payload) of every frame of a capture."""
+    data = path.read_bytes()
+    offset = data.index(b"\n", len(MAGIC)) + 1
+    found = []
+    while offset < len(data):
+        (length,) = struct.unpack_from(">I", data, offset)
+        found.append((offset, data[offset + 4:offset + 4 + length]))
+        offset += 4 + length
+    return found
+
+
+def pgoutput_tag(payload: bytes) -> bytes:
+    return payload[25:26] if payload[:1] == b"w" else b""  # after XLogData's 25-byte header
+
+
+def transactions(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The probe's lines, transaction by transaction; every one is whole."""
+    found: list[list[dict[str, Any]]] = []
+    for ln in lines:
+        if ln["cb"] == "begin":
+            found.append([])
+        found[-1].append(ln)
+    assert all(t[-1]["cb"] == "commit" for t in found), [t[-1] for t in found]
+    return found
+
+
+# --- 7: output files -------------------------------------------------------------------------
+
+
+def run_limited(args: list[str], env: dict[str, str], max_file_size: int
+                ) -> subprocess.CompletedProcess[str]:
+    """The command with files limited to ``max_file_size`` bytes: writing past it fails with
+    EFBIG ("File too large"), as a full disk fails with ENOSPC (Python ignores SIGXFSZ)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_size, max_file_size))
+
+    return subprocess.run(cli_command(*args), env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit)
+
+
+@pytest.mark.parametrize("capture", ["whole", "head"])
+def test_output_file_cannot_be_written(captured: Captured, env: dict[str, str],
+                                       tmp_path: Path, capture: str) -> None:
+    """Failing in a callback's write (the whole capture's output is larger than the 1 MB
+    buffer) or in the last flush (the head's is not): either way the file is named."""
+    out = tmp_path / "out"
+    result = run_limited(["replay", str(getattr(captured, capture)), "--emitter", "probe",
+                          "-f", str(out)], env, 4096)
+    assert result.returncode == 1
+    assert error_of(result).strip() == (
+        f"pgdecode: error: cannot write to {out}: File too large. Make room there (or give "
+        "another file with -f) and run the command again: it goes on from what the file holds")
+
+
+def test_stream_output_file_cannot_be_written(captured: Captured, env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    db = captured.db
+    slot = f"{captured.slot}_copy"
+    query(db.conninfo, "SELECT pg_copy_logical_replication_slot(%s, %s)", (captured.slot, slot))
+    before = confirmed_flush(db.conninfo, slot)
+    out = tmp_path / "out"
+    result = run_limited(["stream", "-d", db.conninfo, "-S", slot, "--publication", "p",
+                          "-E", str(captured.end), "--emitter", "probe", "-f", str(out),
+                          "--no-reconnect"], env, 4096)
+    assert result.returncode == 1
+    assert f"pgdecode: error: cannot write to {out}: File too large." in error_of(result)
+    assert confirmed_flush(db.conninfo, slot) == before  # nothing in the file, nothing acked
+
+
+def test_output_file_cannot_be_opened(captured: Captured, env: dict[str, str],
+                                      tmp_path: Path) -> None:
+    db = captured.db
+    missing = tmp_path / "no" / "such" / "dir"
+    says = "give -f a file in an existing directory that you can write to"
+    result = run_cli(["replay", str(captured.head), "--emitter", "probe", "-f",
+                      str(missing / "out")], env=env)
+    assert result.returncode == 1
+    assert f"cannot open {missing / 'out'} for writing: No such file or directory: {says}" \
+        in error_of(result)
+    result = run_cli(["stream", "-d", db.conninfo, "-S", captured.slot, "--publication", "p",
+                      "-E", str(captured.end), "--emitter", "probe", "-f",
+                      str(missing / "out")], env=env)
+    assert result.returncode == 1
+    assert f"cannot open {missing / 'out'} for writing" in error_of(result)
+    assert "streaming slot" not in result.stderr  # refused before connecting
+
+
+def test_capture_file_checked_before_streaming(captured: Captured, env: dict[str, str],
+                                               tmp_path: Path) -> None:
+    db = captured.db
+    before = confirmed_flush(db.conninfo, captured.slot)
+    missing = tmp_path / "no" / "such" / "dir" / "x.cap"
+    result = run_cli(["capture", "-d", db.conninfo, "-S", captured.slot, "--publication", "p",
+                      "-E", str(captured.end), "-f", str(missing)], env=env)
+    assert result.returncode == 1
+    assert f"cannot open {missing} for writing: No such file or directory" in error_of(result)
+    assert "streaming slot" not in result.stderr  # refused before streaming started
+    assert confirmed_flush(db.conninfo, captured.slot) == before
+    # A capture that never got a message leaves no empty file behind.
+    nothing = tmp_path / "nothing.cap"
+    result = run_cli(["capture", "-d", db.conninfo, "-S", "no_such_slot", "--publication",
+                      "p", "-f", str(nothing), "--no-reconnect"], env=env)
+    assert result.returncode == 1 and "does not exist" in error_of(result)
+    assert not nothing.exists()

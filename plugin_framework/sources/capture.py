@@ -38,8 +38,12 @@ class CaptureHeader:
 
 
 class CaptureWriter:
-    def __init__(self, path: str | Path, header: CaptureHeader) -> None:
-        self._file: IO[bytes] = open(path, "wb")  # noqa: SIM115  (closed in close())
+    def __init__(self, target: str | Path | IO[bytes], header: CaptureHeader) -> None:
+        """``target``: a path, or a file opened for writing (at its start) that this takes
+        over and closes."""
+        self._file: IO[bytes] = (
+            open(target, "wb")  # noqa: SIM115  (closed in close())
+            if isinstance(target, str | Path) else target)
         self._file.write(MAGIC)
         self._file.write(json.dumps(asdict(header), sort_keys=True).encode() + b"\n")
 
