@@ -67,14 +67,16 @@ def cmd_emitters(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from plugin_framework.protocol import XLogData
-    from plugin_framework.sources.capture import read_capture
+    from plugin_framework.protocol import ProtocolError, XLogData
+    from plugin_framework.sources.capture import CaptureFormatError, read_capture, read_header
 
     setup_logging(args)
     # Emitters run without a catalog, as the capture was recorded; -d serves the filters.
-    # Bad filters, emitters or options fail first.
+    # Bad filters, emitters or options fail first; then a file that is no capture, before
+    # any output is opened.
     pipeline, filters = filtered_pipeline(args, None, None, args.dbname,
-                                          check=lambda f: check_capture(f, args.file))
+                                          check=lambda f: check_capture(f, args.file),
+                                          before_output=lambda: read_header(args.file))
     try:
         header, frames = read_capture(args.file)
         pipeline.slot_name = header.slot
@@ -82,9 +84,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         pipeline.set_server_version(header.server_version)
         pipeline.startup(is_init=False)
         try:
-            for frame in frames:
-                if isinstance(frame, XLogData):
-                    pipeline.feed(frame.data, frame.wal_start)
+            try:
+                for frame in frames:
+                    if isinstance(frame, XLogData):
+                        pipeline.feed(frame.data, frame.wal_start)
+            except (CaptureFormatError, ProtocolError) as exc:
+                # The capture ends inside a transaction, or a frame is not what the server
+                # sent: take the transaction cut short back out of the output files (not out
+                # of stdout: a pipe cannot take lines back), as after a lost connection.
+                torn = pipeline.in_flight
+                pipeline.reset()
+                raise CaptureFormatError(damaged_capture(args, exc, pipeline, torn)) from None
         finally:
             pipeline.shutdown()
     finally:
@@ -93,15 +103,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def damaged_capture(args: argparse.Namespace, exc: Exception, pipeline: Any,
+                    torn: bool) -> str:
+    """What a replay that ended at a truncated or damaged capture did."""
+    detail = str(exc).removeprefix(f"{args.file}: ")
+    done = (f"replayed {pipeline.transactions} transaction"
+            f"{'' if pipeline.transactions == 1 else 's'}, up to {pipeline.position}")
+    if torn and args.file_out == "-":
+        done += ("; the transaction it cuts short was partly written to stdout (which cannot "
+                 "take lines back)")
+    elif torn:
+        done += "; the transaction it cuts short was taken back out of the output"
+    return f"{args.file} is truncated or damaged ({detail}): {done}"
+
+
 def check_capture(filters: PublicationFilters, path: str) -> None:
     """Apply the filters to every table the capture describes, before replaying it: a column
     list that does not fit a table is refused before any output is written (without -d,
-    the capture's Relation messages are all there is to check it against)."""
+    the capture's Relation messages are all there is to check it against). A truncated or
+    damaged capture is checked as far as it goes: the replay stops there too, and says so."""
     from plugin_framework.framework.model import Relation
-    from plugin_framework.sources.capture import described_relations
+    from plugin_framework.protocol import ProtocolError
+    from plugin_framework.sources.capture import CaptureFormatError, described_relations
 
-    for message in described_relations(path):
-        filters.check(Relation.from_message(message, {}))
+    relations = described_relations(path)
+    try:
+        for message in relations:
+            filters.check(Relation.from_message(message, {}))
+    except (CaptureFormatError, ProtocolError):
+        return
 
 
 def _allowlist(args: argparse.Namespace) -> list[str] | None:
@@ -146,11 +176,15 @@ def open_output(target: str) -> Any:
 
 
 def build_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
-                   default_emitter: str = "json") -> Any:
-    """A Pipeline with the emitters named on the command line, writing to -f."""
+                   default_emitter: str = "json",
+                   before_output: Callable[[], object] | None = None) -> Any:
+    """A Pipeline with the emitters named on the command line, writing to -f.
+    ``before_output``: a last check, once the emitters are loaded, before -f is opened."""
     from plugin_framework.framework import Catalog, Pipeline
 
     plan = plan_emitters(args, default_emitter)
+    if before_output is not None:
+        before_output()
     memory = args.memory_limit * 1024 * 1024 if getattr(args, "memory_limit", None) else None
     kwargs: dict[str, Any] = {"slot_name": slot}
     if memory:
@@ -199,6 +233,7 @@ def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFi
 def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None,
                       filter_conninfo: str | None,
                       check: Callable[[PublicationFilters], None] | None = None,
+                      before_output: Callable[[], object] | None = None,
                       ) -> tuple[Any, PublicationFilters | None]:
     """``build_pipeline`` with the row-filter options (--row-filter, --column-list,
     --filter-config, --filters-from-publication) as its change and truncate filters: how
@@ -209,7 +244,7 @@ def filtered_pipeline(args: argparse.Namespace, slot: str | None, catalog_connin
     try:
         if filters is not None and check is not None:
             check(filters)
-        pipeline = build_pipeline(args, slot, catalog_conninfo)
+        pipeline = build_pipeline(args, slot, catalog_conninfo, before_output=before_output)
     except BaseException:
         if filters is not None:
             filters.close()

@@ -26,6 +26,7 @@ from streamkit import (
     current_lsn,
     install_probes,
     query,
+    read_lines,
     run_cli,
 )
 
@@ -195,6 +196,36 @@ def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[st
             assert "Wr0ngPw" not in result.stderr
 
 
+# --- 2b: the capture's header ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"proto_version": 9}, '"proto_version" is 9, not a pgoutput protocol version (1 to 4)'),
+    ({"proto_version": "x"}, '"proto_version" is "x", not a pgoutput protocol version'),
+    ({"proto_version": True}, '"proto_version" is true, not a pgoutput protocol version'),
+    ({"proto_version": None}, '"proto_version" is null'),
+    ({"options": ["x"]}, '"options" is not an object of strings'),
+    ({"options": {"streaming": 1}}, '"options" is not an object of strings'),
+    ({"server_version": "18"}, '"server_version" is "18", not a server_version_num'),
+    ({"slot": 5}, '"slot" is not a string'),
+    ({"extra": 1}, 'unknown field "extra"'),
+])
+def test_bad_capture_header(env: dict[str, str], tmp_path: Path, change: dict[str, Any],
+                            says: str) -> None:
+    capture = write_capture(tmp_path / "bad.cap", {**GOOD_HEADER, **change})
+    out = tmp_path / "out"
+    result = run_cli(["replay", str(capture), "--emitter", "probe", "-f", str(out)], env=env)
+    assert result.returncode == 1
+    assert error_of(result).startswith(f"pgdecode: error: {capture}: bad capture header: {says}")
+    assert not out.exists()  # refused before any output is opened
+
+
+def test_capture_header_not_an_object(env: dict[str, str], tmp_path: Path) -> None:
+    capture = write_capture(tmp_path / "bad.cap", [4])
+    result = run_cli(["replay", str(capture), "--emitter", "probe"], env=env)
+    assert result.returncode == 1 and "bad capture header: not a JSON object" in error_of(result)
+
+
 # --- 2c: numeric options ---------------------------------------------------------------------
 
 
@@ -288,6 +319,53 @@ def transactions(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         found[-1].append(ln)
     assert all(t[-1]["cb"] == "commit" for t in found), [t[-1] for t in found]
     return found
+
+
+# --- 3: a truncated or damaged capture -------------------------------------------------------
+
+
+def last_commit_frame(path: Path) -> int:
+    return [off for off, payload in frames(path) if pgoutput_tag(payload) == b"C"][-1]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "damaged"])
+def test_truncated_capture_replays_whole_transactions(captured: Captured, env: dict[str, str],
+                                                      tmp_path: Path, damage: str) -> None:
+    full = tmp_path / "full"
+    result = run_cli(["replay", str(captured.whole), "--emitter", "probe", "-f", str(full)],
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    whole = transactions(read_lines(full))
+    assert len(whole) == 4
+    data = captured.whole.read_bytes()
+    bad = tmp_path / "bad.cap"
+    if damage == "truncated":  # in the middle of the last transaction's Commit frame
+        bad.write_bytes(data[:last_commit_frame(captured.whole) + 10])
+    else:  # a row of the last transaction that is no pgoutput message
+        offset = [off for off, payload in frames(captured.whole)
+                  if pgoutput_tag(payload) == b"I"][-1]
+        bad.write_bytes(data[:offset + 4 + 25] + b"Z" + data[offset + 4 + 26:])
+    for options in ([], ["--column-list", "public.t:id,v"]):  # checked as far as it goes
+        out = tmp_path / f"out{len(options)}"
+        result = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out), *options],
+                         env=env)
+        assert result.returncode == 1
+        error = error_of(result)
+        replayed = transactions(read_lines(out))
+        assert replayed == whole[:3]  # the last one is not left half in the file
+        end = replayed[-1][-1]["end_lsn"]
+        assert error.startswith(f"pgdecode: error: {bad} is truncated or damaged (")
+        assert f"replayed 3 transactions, up to {end}; the transaction it cuts short was " \
+               "taken back out of the output" in error
+        assert json.loads(Path(f"{out}.progress").read_text())["lsn"] == end
+        # Replaying the whole capture into that file completes it.
+        result = run_cli(["replay", str(captured.whole), "--emitter", "probe", "-f",
+                          str(out), *options], env=env)
+        assert result.returncode == 0, result.stderr
+        assert transactions(read_lines(out)) == whole
+    to_stdout = run_cli(["replay", str(bad), "--emitter", "probe"], env=env)
+    assert to_stdout.returncode == 1
+    assert "the transaction it cuts short was partly written to stdout" in error_of(to_stdout)
 
 
 # --- 7: output files -------------------------------------------------------------------------
