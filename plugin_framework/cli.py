@@ -645,15 +645,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         check_dbname(args)
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
     except UsageError as exc:
         _report(args, f"{exc}", usage=True)
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
     except Exception as exc:
+        if _stdout_closed(exc, args):
+            return _end_at_closed_stdout()
         message = _file_error(exc, args)
         if message is not None:
             _report(args, message)
@@ -689,6 +691,26 @@ def _causes(exc: BaseException) -> list[BaseException]:
         seen.append(e)
         todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
     return seen
+
+
+def _stdout_closed(exc: BaseException, args: argparse.Namespace) -> bool:
+    """Whether the command failed because the reader of stdout went away (``| head``)."""
+    return getattr(args, "file_out", "-") == "-" and any(
+        isinstance(e, BrokenPipeError) for e in _causes(exc))
+
+
+def _end_at_closed_stdout() -> int:
+    """End quietly when stdout's reader went away, as pg_recvlogical -f - does (like cat,
+    grep and other C tools, it is killed by SIGPIPE: no message, and a shell reports status
+    128 + 13 = 141). Python ignores SIGPIPE and gets EPIPE instead; exit with the status
+    the shell would show. (The slot is acknowledged only up to what the pipe took.) stdout
+    now points at /dev/null, so that the interpreter's last flush of what is left in its
+    buffer fails quietly too."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + int(signal.SIGPIPE)
 
 
 def _file_error(exc: BaseException, args: argparse.Namespace) -> str | None:

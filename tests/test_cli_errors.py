@@ -321,6 +321,23 @@ def transactions(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return found
 
 
+# --- 2d: a closed stdout ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["emitters"], ["replay", "CAPTURE", "--emitter", "probe"]])
+def test_closed_stdout_ends_quietly(captured: Captured, env: dict[str, str],
+                                    command: list[str]) -> None:
+    """As pg_recvlogical -f - (killed by SIGPIPE): no message, the status a shell shows."""
+    args = [str(captured.whole) if a == "CAPTURE" else a for a in command]
+    proc = subprocess.Popen(cli_command(*args), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 141, err
+    assert err == ""
+
+
 # --- 3: a truncated or damaged capture -------------------------------------------------------
 
 
