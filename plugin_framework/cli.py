@@ -504,7 +504,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from plugin_framework.demo import run_demo
 
     setup_logging(args)
+    check_emitters(args)  # before a server is started and the workload run
     return int(run_demo(args))
+
+
+def check_emitters(args: argparse.Namespace) -> None:
+    """Refuse now what the emitters and -f would refuse once streaming starts: an emitter
+    that is not installed, -o options the emitter rejects (a ValueError from its startup,
+    the convention for options; docs/framework.md), an -f that cannot be written. Emitters
+    that deliver elsewhere (Spark) are checked when they start: their startup sets up
+    delivery."""
+    from plugin_framework.framework import (
+        CallbackError,
+        Catalog,
+        CatalogError,
+        MemoryOutput,
+        OutputError,
+        Pipeline,
+    )
+
+    class NoServerYet(Catalog):
+        """A catalog, as the demo's emitters get one, that has no server to ask yet."""
+
+        def _connection(self) -> Any:
+            raise CatalogError("no server to ask yet")
+
+    plan = plan_emitters(args)
+    pipeline = Pipeline(slot_name="demo_slot", catalog=NoServerYet(""))
+    for loaded, options, _ in plan:
+        if not callable(getattr(loaded.plugin, "make_output", None)):
+            pipeline.add(loaded, options=options, output=MemoryOutput())
+    try:
+        pipeline.startup(is_init=False)
+    except CallbackError as exc:
+        if isinstance(exc.cause, ValueError):
+            raise
+        # Anything else (a catalog query, say) is for the real start to tell.
+    else:
+        pipeline.shutdown()
+    for loaded, _, target in plan:
+        if target == "-" or callable(getattr(loaded.plugin, "make_output", None)):
+            continue
+        existed = os.path.exists(target)
+        try:
+            open(target, "ab").close()
+        except OSError as exc:
+            raise OutputError(cannot_open(target, exc)) from None
+        if not existed:
+            os.remove(target)
 
 
 def positive_seconds(text: str) -> float:
@@ -632,7 +679,6 @@ def build_parser() -> argparse.ArgumentParser:
     emitter_args(p, "json")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--keep", action="store_true", help="print the server's data directory")
     p.set_defaults(func=cmd_demo)
     return parser
 

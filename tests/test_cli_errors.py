@@ -463,3 +463,27 @@ def test_capture_file_checked_before_streaming(captured: Captured, env: dict[str
                       "p", "-f", str(nothing), "--no-reconnect"], env=env)
     assert result.returncode == 1 and "does not exist" in error_of(result)
     assert not nothing.exists()
+
+
+# --- 4: demo -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--emitter", "nope"], 'no emitter named "nope" is installed'),
+    (["--emitter", "json", "-o", "nope=1"], 'option "nope" = "1" is unknown'),
+    (["--emitter", "text", "-o", "include-xids=maybe"],
+     'could not parse value "maybe" for parameter "include-xids"'),
+    (["-f", "/nonexistent-dir/out"], "cannot open /nonexistent-dir/out for writing"),
+])
+def test_demo_refuses_bad_emitters_before_starting(env: dict[str, str], args: list[str],
+                                                   says: str) -> None:
+    result = run_cli(["demo", *args], env=env, timeout=300)
+    assert result.returncode == 1
+    assert says in error_of(result)
+    assert "starting an embedded PostgreSQL" not in result.stderr
+
+
+def test_demo_has_no_keep_option(env: dict[str, str]) -> None:
+    result = run_cli(["demo", "--keep", "--emitter", "nope"], env=env, timeout=300)
+    assert result.returncode == 2
+    assert "unrecognized arguments: --keep" in result.stderr
