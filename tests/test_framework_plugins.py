@@ -159,3 +159,26 @@ def test_emit_checks_bytes_in_textual_mode_like_write() -> None:
     pipeline.add(Emitter(), output=out, options={"data": "ok"})
     _one_transaction(pipeline)
     assert [r.data for r in out.records] == [b"ok"]
+
+
+def test_file_output_to_a_named_pipe_writes_as_to_a_pipe(tmp_path: Any) -> None:
+    """A FIFO (or a device) is not a file that can be cut back and resumed: no progress file
+    is made beside it, and lines go through as they would to stdout."""
+    import os
+    import threading
+
+    from plugin_framework import LSN, FileOutput, OutputRecord
+
+    fifo = tmp_path / "lines"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    output = FileOutput(str(fifo))
+    output.write(OutputRecord(LSN(1), None, b"one"))
+    output.mark(LSN(2))
+    assert output.flush() == LSN(2)
+    output.close()
+    reader.join(10)
+    assert received == [b"one\n"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lines"]

@@ -138,6 +138,11 @@ class FileOutput:
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
                 self._owned = False
+            elif Path(target).exists() and not Path(target).is_file():
+                # A named pipe or a device: written as a pipe is, with no progress file
+                # beside it (nothing can be cut back or resumed there).
+                self._file = open(target, "ab")  # noqa: SIM115  (closed in close())
+                self._owned = True
             else:
                 path = Path(target)
                 self._progress = path.with_name(path.name + ".progress")
