@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from capture import Captured, peek, pgoutput_options
+from psycopg import sql
 from recorders import Recorder, StreamRecorder, TwoPhaseRecorder, apply_streams
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
@@ -81,6 +82,12 @@ def case(pg_module_db: Any) -> Iterator[Any]:
     yield make
     for c in made:
         c.close()
+    # A prepared transaction left open would make every later slot creation in the database
+    # wait for it (a consistent snapshot needs running transactions to end).
+    with pg_module_db.connect(autocommit=True) as conn:
+        for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = "
+                                   "current_database()").fetchall():
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(gid))
 
 
 def changes_of(plugin: Recorder) -> list[Any]:
