@@ -9,9 +9,11 @@ fresh database for one test, ``pg_module_db`` one shared by a module's tests.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pgtest import TestDatabase, create_database, drop_database
+from streamkit import cli_env, install_probes
 
 from plugin_framework.sources.cluster import (
     LocalCluster,
@@ -59,6 +61,18 @@ def pg_module_db(pg: LocalCluster) -> Iterator[TestDatabase]:
         yield database
     finally:
         drop_database(database)
+
+
+@pytest.fixture(scope="session")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' probe emitters, installed once as entry points (see streamkit)."""
+    return install_probes(tmp_path_factory.mktemp("probes"))
+
+
+@pytest.fixture
+def env(probes: Path) -> dict[str, str]:
+    """The environment for running the pgdecode command with the probes installed."""
+    return cli_env(probes)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,11 +12,9 @@ import pytest
 from streamkit import (
     BIG_ROWS,
     applied_ids,
-    cli_env,
     confirmed_flush,
     create_slot,
     create_tables,
-    install_probes,
     query,
     read_lines,
     run_cli,
@@ -31,16 +29,6 @@ from streamkit import (
 from plugin_framework import LSN
 from plugin_framework.framework.registry import installed_emitters
 from plugin_framework.sources.cluster import LocalCluster
-
-
-@pytest.fixture(scope="session")
-def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_probes(tmp_path_factory.mktemp("probes"))
-
-
-@pytest.fixture
-def env(probes: Path) -> dict[str, str]:
-    return cli_env(probes)
 
 
 class Source:

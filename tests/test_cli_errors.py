@@ -24,7 +24,6 @@ from streamkit import (
     confirmed_flush,
     create_slot,
     current_lsn,
-    install_probes,
     query,
     read_lines,
     run_cli,
@@ -33,16 +32,6 @@ from streamkit import (
 from plugin_framework.sources.capture import MAGIC
 from plugin_framework.sources.cluster import LocalCluster
 from plugin_framework.sources.errors import describe_conninfo, explain
-
-
-@pytest.fixture(scope="session")
-def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_probes(tmp_path_factory.mktemp("probes"))
-
-
-@pytest.fixture
-def env(probes: Path) -> dict[str, str]:
-    return cli_env(probes)
 
 
 def error_of(result: subprocess.CompletedProcess[str]) -> str:

@@ -17,11 +17,9 @@ import pytest
 from streamkit import (
     Probe,
     StreamProbe,
-    cli_env,
     confirmed_flush,
     create_slot,
     current_lsn,
-    install_probes,
     query,
     read_lines,
     run_cli,
@@ -38,16 +36,6 @@ from plugin_framework.sources.cluster import LocalCluster
 from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
 
 BIG = 50_000  # rows in the large transaction the consumer is killed in
-
-
-@pytest.fixture(scope="session")
-def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_probes(tmp_path_factory.mktemp("probes"))
-
-
-@pytest.fixture
-def env(probes: Path) -> dict[str, str]:
-    return cli_env(probes)
 
 
 @pytest.fixture
