@@ -9,7 +9,6 @@ pipeline skips what its outputs already have.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from plugin_framework.sources.walsender import (
     missing_publication_error,
     pgoutput_options,
     run_with_reconnect,
+    start_pipeline,
     wal_level_error,
 )
 
@@ -99,15 +99,8 @@ class SqlSource:
         server_version = conn.info.server_version
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
-            self.pipeline.set_proto_version(proto)
-            self.pipeline.set_server_version(server_version)
-            try:
-                self.pipeline.startup(is_init=is_init)
-            except BaseException:
-                if is_init:  # made by this run for plugins that cannot start: take it back
-                    with contextlib.suppress(psycopg.Error):
-                        drop_slot(conn, cfg.slot, if_exists=True)
-                raise
+            start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
+                           lambda: drop_slot(conn, cfg.slot, if_exists=True))
             self._started = True
         two_phase = cfg.two_phase
         if two_phase is None:

@@ -203,6 +203,24 @@ def run_with_reconnect(attempt: Callable[[], None], config: SourceConfig, progre
             backoff = min(backoff * 2, config.max_backoff)
 
 
+def start_pipeline(pipeline: Pipeline, proto: int, server_version: int, is_init: bool,
+                   slot: str, drop_slot: Callable[[], object]) -> None:
+    """Tell the pipeline what the server speaks and start its plugins. A slot this run just
+    created (``is_init``) for plugins that then refuse to start is taken back with
+    ``drop_slot``: it would hold WAL back for nothing, and a rerun would tell the plugins
+    is_init = false for it."""
+    pipeline.set_proto_version(proto)
+    pipeline.set_server_version(server_version)
+    try:
+        pipeline.startup(is_init=is_init)
+    except BaseException:
+        if is_init:
+            with contextlib.suppress(psycopg.Error):
+                drop_slot()
+                log.info('dropped replication slot "%s" again', slot)
+        raise
+
+
 class WalsenderSource:
     """Runs a Pipeline from a replication slot until endpos, a stop request, or an error."""
 
@@ -269,16 +287,8 @@ class WalsenderSource:
             raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
-            self.pipeline.set_proto_version(proto)
-            self.pipeline.set_server_version(server_version)
-            try:
-                self.pipeline.startup(is_init=is_init)
-            except BaseException:
-                if is_init:  # made by this run for plugins that cannot start: take it back
-                    with contextlib.suppress(psycopg.Error):
-                        repl.command(f"DROP_REPLICATION_SLOT {quote_ident(cfg.slot)}")
-                        log.info('dropped replication slot "%s" again', cfg.slot)
-                raise
+            start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
+                           lambda: repl.command(f"DROP_REPLICATION_SLOT {quote_ident(cfg.slot)}"))
             self._started = True
         self._proto = proto
         self.server_version = server_version
