@@ -7,7 +7,7 @@ and feeds what the slot holds (``pg_logical_slot_peek_binary_changes``) to a Pip
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import count
 from typing import Any
 
@@ -17,6 +17,7 @@ from psycopg import sql
 from recorders import Recorder, StreamRecorder, TwoPhaseRecorder, apply_streams
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
+from plugin_framework.framework.context import Output
 
 _names = count()
 
@@ -52,12 +53,19 @@ class Case:
         assert any(item.data[:1] == b"S" for item in items), "the server did not stream it"
         return items
 
-    def feed(self, *plugins: OutputPlugin) -> Pipeline:
+    def pipeline(self, *plugins: OutputPlugin,
+                 output: Callable[[], Output] = MemoryOutput) -> Pipeline:
+        """A started Pipeline with ``plugins``, each writing to a new ``output()``."""
         pipeline = Pipeline(proto_version=self.proto)
         for plugin in plugins:
-            pipeline.add(plugin, output=MemoryOutput())
+            pipeline.add(plugin, output=output())
         pipeline.startup()
-        for item in self.changes():
+        return pipeline
+
+    def feed(self, *plugins: OutputPlugin, items: list[Captured] | None = None) -> Pipeline:
+        """``plugins`` fed ``items`` (default: what the slot holds now)."""
+        pipeline = self.pipeline(*plugins)
+        for item in self.changes() if items is None else items:
             pipeline.feed(item.data, item.lsn)
         return pipeline
 
@@ -111,9 +119,7 @@ def test_message_just_before_commit_neither_hides_nor_unacks_the_transaction(cas
     # in the slot.
     first = c.changes()
     message_lsn = LSN(messages[0][4])
-    pipeline = Pipeline(proto_version=c.proto)
-    pipeline.add(Recorder(), output=MemoryOutput())
-    pipeline.startup()
+    pipeline = c.pipeline(Recorder())
     for item in first:
         pipeline.feed(item.data, item.lsn)
         if pipeline.position >= message_lsn:
@@ -152,13 +158,8 @@ def test_streamed_prepared_transaction_that_alters_its_table_replays_each_row_as
           "ALTER TABLE {t} DROP COLUMN a",
           "INSERT INTO {t} SELECT g, 'b' || g FROM generate_series(3001, 6000) g",
           "PREPARE TRANSACTION 'reshape-streamed'", "COMMIT PREPARED 'reshape-streamed'")
-    items = c.streamed_changes()
     ordinary = Recorder()
-    pipeline = Pipeline(proto_version=c.proto)
-    pipeline.add(ordinary, output=MemoryOutput())
-    pipeline.startup()
-    for item in items:
-        pipeline.feed(item.data, item.lsn)
+    c.feed(ordinary, items=c.streamed_changes())
     rows = changes_of(ordinary)
     assert len(rows) == 6000
     assert rows[0] == (("id", "1"), ("a", "a1"), ("b", "b1"))
@@ -225,9 +226,7 @@ def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(
     path = str(tmp_path / "out")
 
     def run() -> tuple[Pipeline, list[LSN]]:
-        pipeline = Pipeline(proto_version=c.proto)
-        pipeline.add(Recorder(), output=FileOutput(path))
-        pipeline.startup()
+        pipeline = c.pipeline(Recorder(), output=lambda: FileOutput(path))
         acks = []
         for item in c.changes():
             pipeline.feed(item.data, item.lsn)
@@ -254,11 +253,7 @@ def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kep
     sent = c.streamed_changes()
     assert any(item.data[:1] == b"p" for item in sent), "no Stream Prepare"
     plugin = StreamRecorder()
-    pipeline = Pipeline(proto_version=c.proto)
-    pipeline.add(plugin, output=MemoryOutput())
-    pipeline.startup()
-    for item in sent:
-        pipeline.feed(item.data, item.lsn)
+    pipeline = c.feed(plugin, items=sent)
     pipeline.reset()
     for item in sent:  # what a reconnect gets: the same again
         pipeline.feed(item.data, item.lsn)
