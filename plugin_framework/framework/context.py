@@ -127,6 +127,7 @@ class FileOutput:
 
     def __init__(self, target: str | os.PathLike[str] | IO[bytes] = "-") -> None:
         self.resume_lsn = LSN(0)
+        self._path: Path | None = None  # a regular file's
         self._progress: Path | None = None
         self._slot: str | None = None  # the slot whose stream the file holds
         # xids of streamed transactions that have blocks in the file but no end yet: now, at
@@ -138,13 +139,13 @@ class FileOutput:
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
                 self._owned = False
-            elif Path(target).exists() and not Path(target).is_file():
+            elif (path := Path(target)).exists() and not path.is_file():
                 # A named pipe or a device: written as a pipe is, with no progress file
                 # beside it (nothing can be cut back or resumed there).
-                self._file = open(target, "ab")  # noqa: SIM115  (closed in close())
+                self._file = open(path, "ab")  # noqa: SIM115  (closed in close())
                 self._owned = True
             else:
-                path = Path(target)
+                self._path = path
                 self._progress = path.with_name(path.name + ".progress")
                 size = self._resume(path)
                 # A large buffer: one write(2) per ~1 MB of lines, not per 8 KB
@@ -193,7 +194,7 @@ class FileOutput:
             return
         if self._slot is not None and self._slot != slot:
             raise OutputError(
-                f'{self._progress.with_suffix("")} holds the changes of replication slot '
+                f'{self._path} holds the changes of replication slot '
                 f'"{self._slot}", not "{slot}": write this slot\'s changes to another file '
                 "(pgdecode resumes a file only from the slot that wrote it)"
             )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from plugin_framework.framework.context import (
@@ -151,9 +152,9 @@ class _Txn:
     # for a transaction replayed from its spool after self.relations moved on: the definitions
     # in force when it began of the relations it redescribes (None: it described them first)
     replay_relations: dict[int, Relation | None] = field(default_factory=dict)
-    # member index -> its output's savepoint before this transaction's first line (ordinary
-    # and prepared transactions, whose lines are the tail of each live member's output)
-    savepoints: dict[int, Any] = field(default_factory=dict)
+    # each takes back from one live member's output what it wrote of this transaction
+    # (ordinary and prepared transactions, whose lines are the tail of that output)
+    rollbacks: list[Callable[[], None]] = field(default_factory=list)
     aborted_subxids: set[int] = field(default_factory=set)
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
     prepare_lsn: LSN | None = None
@@ -344,9 +345,11 @@ class Pipeline:
         return view
 
     def _savepoint(self, state: _Txn, i: int) -> None:
-        savepoint = getattr(self.members[i].ctx.output, "savepoint", None)
-        if savepoint is not None:
-            state.savepoints[i] = savepoint()
+        output = self.members[i].ctx.output
+        savepoint = getattr(output, "savepoint", None)
+        rollback_to = getattr(output, "rollback_to", None)
+        if savepoint is not None and rollback_to is not None:
+            state.rollbacks.append(partial(rollback_to, savepoint()))
 
     def _open_streams(self, i: int) -> list[int]:
         """The streamed transactions member i has blocks of, and no end for yet."""
@@ -389,8 +392,8 @@ class Pipeline:
         awaited by a plugin are kept (acknowledgement never passed them, so the server
         re-sends them, and those re-sends are skipped)."""
         if self._txn is not None:
-            for i, savepoint in self._txn.savepoints.items():
-                self.members[i].ctx.output.rollback_to(savepoint)  # type: ignore[attr-defined]
+            for rollback in self._txn.rollbacks:
+                rollback()
             self._close(self._txn)
         for state in self._streams.values():
             for i in state.live:
