@@ -15,6 +15,14 @@ finite floats, json, jsonb) and is embedded verbatim as an ``orjson.Fragment``, 
 parsed. Binary-format values (pgoutput's ``binary`` option) are decoded to the text the server
 would have sent, then converted by the same rules, so that the JSON is the same whichever
 format the server used.
+
+The fast path: where the C module ``emitters._jsonrow`` is built (it is, by ``pip install``
+with a C compiler), each relation's plan also gets a ``RowFormat`` that writes the line of an
+Insert, Update or Delete straight from the pgoutput message, which the pipeline then uses
+instead of decoding the message and calling ``change`` (``ctx.fast_change``). It takes the
+common forms of the common types' text; it hands any other value to the column's Python
+converter, and anything else (binary-format columns, malformed data) back to ``change``, so
+the lines are the same either way: tests/test_json_native.py holds the two to that.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ from emitters.options import Option, parse_options
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework.format_type import format_type
 from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
+
+try:
+    from emitters import _jsonrow
+except ImportError:  # installed without a C compiler: every line is formatted in Python
+    _jsonrow = None  # type: ignore[assignment]
 
 __all__ = ["JsonEmitter", "TypeConverters"]
 
@@ -915,8 +928,8 @@ _IDENTITY: Final = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 
 
 class _Plan:
-    __slots__ = ("all_binary", "all_text", "bconv", "heads", "key_idx", "names", "opaque",
-                 "tconv", "truncate_head")
+    __slots__ = ("all_binary", "all_text", "bconv", "fast", "heads", "key_idx", "names",
+                 "opaque", "tconv", "truncate_head")
 
     def __init__(self, relation: Any, types: TypeConverters) -> None:
         columns = relation.columns
@@ -936,6 +949,28 @@ class _Plan:
         self.heads = {action: (b'{"op":"' + action.lower().encode() + b'",' + where, key)
                       for action in ("INSERT", "UPDATE", "DELETE")}
         self.truncate_head = b'{"op":"truncate",' + where
+        self.fast = None if _jsonrow is None else _jsonrow.RowFormat(
+            relation.relation_id,
+            tuple(part for action in ("INSERT", "UPDATE", "DELETE")
+                  for part in self.heads[action]),
+            tuple(_dumps(name) for name in self.names),
+            bytes(_native_code(conv) for conv in self.tconv),
+            self.tconv, self.key_idx, _dumps).line
+
+
+def _native_code(conv: Converter) -> int:
+    """How emitters._jsonrow converts a column whose text converter is ``conv``: natively
+    for the converters it knows, else by calling ``conv`` (PYCALL)."""
+    assert _jsonrow is not None
+    for known, code in (
+            (_Fragment, _jsonrow.VERBATIM), (bytes.decode, _jsonrow.STRING),
+            (_t_float, _jsonrow.FLOAT), (_t_bool, _jsonrow.BOOL), (_t_json, _jsonrow.JSON),
+            (_t_timestamp, _jsonrow.TIMESTAMP), (_t_timestamptz, _jsonrow.TIMESTAMPTZ),
+            (_TEXT_ARRAY, _jsonrow.ARRAY_TEXT), (_INTEGER_ARRAY, _jsonrow.ARRAY_INT),
+            (_BOOL_ARRAY, _jsonrow.ARRAY_BOOL)):
+        if conv is known:
+            return code
+    return _jsonrow.PYCALL
 
 
 _NO_TOAST: Final[list[str]] = []
@@ -1065,7 +1100,9 @@ class JsonEmitter(OutputPlugin):
 
     def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
         values = parse_options(OPTIONS, ctx.output_plugin_options or {})
-        ctx.output_plugin_private = _State(values, ctx.catalog)
+        state = ctx.output_plugin_private = _State(values, ctx.catalog)
+        if _jsonrow is not None:
+            ctx.fast_change = lambda relation: state.plan(relation).fast
         if not values["two-phase"]:
             ctx.twophase = False  # prepared transactions then arrive whole, at COMMIT PREPARED
 

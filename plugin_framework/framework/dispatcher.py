@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from plugin_framework.framework.context import (
+    FastChange,
     FileOutput,
     LogicalDecodingContext,
     Output,
@@ -67,7 +68,10 @@ from plugin_framework.protocol import Relation as RelationMessage
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
 _ROW_CHANGE_TAGS = (b"I", b"U", b"D")
+_ROW_CHANGE_CODES = frozenset(b"IUD")
 _XID = struct.Struct(">I")  # a streamed change's (sub)transaction id, after its type byte
+_RELID = struct.Struct(">I")  # an ordinary row change's relation id, after its type byte
+_UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
 
 
 class PipelineError(Exception):
@@ -123,6 +127,21 @@ class Member:
         finally:
             ctx.accept_writes = False
 
+    def call_fast_change(self, write: FastChange, data: bytes, lsn: LSN, xid: int | None,
+                         txn: Transaction) -> bool:
+        """The plugin's ``fast_change`` formatter for one raw row change: True when it wrote
+        the change's record, False when the change callback must run instead."""
+        try:
+            line = write(data, lsn, txn)
+            if line is None:
+                return False
+            self.ctx.write_record(lsn, xid, line)
+        except CallbackError:
+            raise
+        except Exception as exc:
+            raise self._error("change", lsn, exc) from exc
+        return True
+
     def _error(self, cb: str, lsn: LSN, exc: Exception) -> CallbackError:
         ctx = self.ctx
         slot = f'slot "{ctx.slot_name}", ' if ctx.slot_name else ""
@@ -159,6 +178,10 @@ class _Txn:
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
     prepare_lsn: LSN | None = None
     block_lsn: LSN = field(default_factory=LSN)  # where the current stream block started
+    # For an ordinary or prepared transaction with live members that have a fast_change:
+    # per relation id, each live member with its view and its formatter (None: the change
+    # callback), or None when no live member has a formatter for that relation.
+    fast: dict[int, list[tuple[Member, Transaction, FastChange | None]] | None] | None = None
 
 
 class Pipeline:
@@ -281,14 +304,29 @@ class Pipeline:
     def feed(self, data: bytes, lsn: LSN) -> None:
         """One pgoutput message as the server sent it, and its XLogData start LSN."""
         stream = self._stream
-        if stream is not None and stream.in_block and not stream.live \
-                and stream.spool is not None and data[:1] in _ROW_CHANGE_TAGS \
-                and len(data) >= 5:
-            # A row change of a streamed transaction that only goes to the spool: its rows are
-            # parsed once, at replay, not also now (a malformed one is reported then).
-            self.changes += 1
-            stream.spool.append(lsn, _XID.unpack_from(data, 1)[0], True, data)
-            return
+        if stream is not None:
+            if stream.in_block and not stream.live and stream.spool is not None \
+                    and data[:1] in _ROW_CHANGE_TAGS and len(data) >= 5:
+                # A row change of a streamed transaction that only goes to the spool: its rows
+                # are parsed once, at replay, not also now (a malformed one is reported then).
+                self.changes += 1
+                stream.spool.append(lsn, _XID.unpack_from(data, 1)[0], True, data)
+                return
+        else:
+            state = self._txn
+            if state is not None and (state.fast is not None or not state.started) \
+                    and len(data) >= 5 and data[0] in _ROW_CHANGE_CODES:
+                if not state.started:
+                    self._start(state)
+                fast = state.fast
+                if fast is not None:
+                    relid = _RELID.unpack_from(data, 1)[0]
+                    writers = fast.get(relid, _UNKNOWN)
+                    if writers is _UNKNOWN:
+                        writers = fast[relid] = self._fast_writers(state, relid)
+                    if writers is not None:
+                        self._fast_change(state, writers, data, lsn)
+                        return
         message = self.decoder.decode(data)
         self._handlers[type(message)](message, lsn, data)
 
@@ -520,6 +558,9 @@ class Pipeline:
                 state.held.append(i)
         if state.held:
             state.spool = Spool(self.budget)
+        if self.change_filter is None and any(
+                self.members[i].ctx.fast_change is not None for i in state.live):
+            state.fast = {}
 
     def _on_origin(self, m: Origin, lsn: LSN, raw: bytes | None) -> None:
         state = self._stream if self._stream is not None else self._txn
@@ -549,6 +590,8 @@ class Pipeline:
                                                   self.relations.get(m.relation_id))
                 state.spool.append(lsn, 0, False, raw)
             self.relations[m.relation_id] = rel
+            if state is not None and state.fast is not None:
+                state.fast.pop(m.relation_id, None)  # formatters of the old description
 
     def _on_type(self, m: Type, lsn: LSN, raw: bytes | None) -> None:
         self.type_names[m.type_oid] = (m.namespace, m.name)
@@ -574,6 +617,46 @@ class Pipeline:
                 members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
+
+    def _fast_writers(self, state: _Txn,
+                      relid: int) -> list[tuple[Member, Transaction, FastChange | None]] | None:
+        """Each live member's fast_change formatter for a relation (None for members
+        without one), or None if no member has one (or the relation is not described: the
+        change callback's path says so)."""
+        rel = self.relations.get(relid)
+        if rel is None:
+            return None
+        writers: list[tuple[Member, Transaction, FastChange | None]] = []
+        for i in state.live:
+            member = self.members[i]
+            compile_ = member.ctx.fast_change
+            try:
+                write = compile_(rel) if compile_ is not None else None
+            except Exception as exc:
+                raise member._error("change", state.base.first_lsn or LSN(0), exc) from exc
+            writers.append((member, self._view(state, i), write))
+        return writers if any(w[2] is not None for w in writers) else None
+
+    def _fast_change(self, state: _Txn,
+                     writers: list[tuple[Member, Transaction, FastChange | None]],
+                     data: bytes, lsn: LSN) -> None:
+        """A row change of an ordinary or prepared transaction, for live members whose
+        formatters turn its raw message into their record; the others, and any formatter
+        that declines, get the change callback (with no change_filter: the change as is)."""
+        self.changes += 1
+        xid = state.base.xid
+        change: Change | None = None
+        for member, view, write in writers:
+            if write is not None and member.call_fast_change(write, data, lsn, xid, view):
+                continue
+            if change is None:
+                message = self.decoder.decode(data)
+                assert isinstance(message, Insert | Update | Delete)
+                change = self._change(message, lsn, state)
+                assert change is not None
+            member.call_change(lsn, xid, view, change)
+        if state.spool is not None:
+            state.spool.append(lsn, 0, False, data)
 
     def _truncate_args(self, m: Truncate, lsn: LSN,
                        state: _Txn | None) -> tuple[Any, ...] | None:

@@ -1,0 +1,479 @@
+"""The json emitter's C fast path (emitters/_jsonrow.c) writes exactly the lines of its Python
+change callback, or declines and leaves the change to it.
+
+Each example runs one transaction through two pipelines with the json emitter: one as
+``pgdecode stream`` runs it (the fast path on), one with ``ctx.fast_change`` cleared (every
+change through the Python callback, the reference). Their outputs, or their errors, must be
+the same. Server-made values of every type are compared the same way in
+test_emitter_json.py (``test_fast_path_writes_the_callbacks_lines``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from emitters.json import JsonEmitter
+from plugin_framework import LSN
+from plugin_framework.framework import MemoryOutput, Pipeline
+from plugin_framework.framework.dispatcher import CallbackError
+from plugin_framework.protocol import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    RelationColumn,
+    TupleData,
+    Update,
+    encode,
+)
+
+
+def test_the_fast_path_is_built() -> None:
+    """`pip install` compiles it (gcc is on every machine here): without it, nothing below
+    would test anything and `pgdecode stream` would be slow."""
+    from emitters import _jsonrow
+
+    assert _jsonrow.RowFormat is not None
+
+
+# --- values: the server's text of each type, and text it never writes ------------------------
+
+_plain_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+
+
+def _pg_array(items: Any, element: Any) -> bytes:
+    """PostgreSQL's array_out: elements quoted when empty, NULL, or holding specials."""
+    if isinstance(items, list):
+        return b"{" + b",".join(_pg_array(i, element) for i in items) + b"}"
+    if items is None:
+        return b"NULL"
+    text = element(items)
+    if (text == "" or text.upper() == "NULL"
+            or any(c in text for c in '{},"\\ \t\n\r\v\f')):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text.encode()
+
+
+def _arrays(element: st.SearchStrategy[Any], show: Any) -> st.SearchStrategy[bytes]:
+    flat = st.lists(st.one_of(st.none(), element), max_size=5)
+    square = st.integers(1, 3).flatmap(
+        lambda n: st.lists(st.lists(st.one_of(st.none(), element), min_size=n, max_size=n),
+                           min_size=1, max_size=3))
+    return st.one_of(flat, square).map(lambda items: _pg_array(items, show))
+
+
+_timestamps = st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31))
+
+
+def _ts_text(with_zone: bool) -> st.SearchStrategy[bytes]:
+    def show(t: datetime, offset: str) -> bytes:
+        text = t.isoformat(sep=" ")
+        return (text + offset if with_zone else text).encode()
+
+    offsets = st.sampled_from(["+00", "-08", "+05:30", "+13", "-03:30:15"])
+    return st.one_of(
+        st.builds(show, _timestamps, offsets),
+        st.sampled_from([b"infinity", b"-infinity", b"0044-03-15 10:00:00 BC",
+                         b"0044-03-15 10:00:00+00 BC", b"Sat Jan 01 00:00:00 2000 PST",
+                         b"12345-01-01 00:00:00", b"01/02/2024 03:04:05"]),
+    )
+
+
+# type OID -> values of its text as the server writes them
+SERVER: dict[int, st.SearchStrategy[bytes]] = {
+    20: st.integers(-(2**63), 2**63 - 1).map(lambda i: str(i).encode()),  # int8
+    23: st.integers(-(2**31), 2**31 - 1).map(lambda i: str(i).encode()),  # int4
+    25: _plain_text.map(str.encode),  # text
+    1043: _plain_text.map(str.encode),  # varchar
+    1700: st.one_of(st.decimals(allow_nan=False, places=2).map(lambda d: str(d).encode()),
+                    st.just(b"NaN"), st.just(b"Infinity")),  # numeric
+    701: st.one_of(st.floats().map(repr).map(str.encode),
+                   st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e+300"])),  # float8
+    16: st.sampled_from([b"t", b"f"]),  # bool
+    114: st.sampled_from([b'{"a": 1,\n "b": [1, 2]}', b"[1,\r\n2]", b'"x"', b"null"]),  # json
+    3802: st.sampled_from([b'{"a": 1, "b": "\\u00e9\xc3\xa9"}', b"[]", b"3.5"]),  # jsonb
+    1114: _ts_text(False),  # timestamp
+    1184: _ts_text(True),  # timestamptz
+    1009: _arrays(_plain_text, str),  # text[]
+    1016: _arrays(st.integers(-(2**63), 2**63 - 1), str),  # int8[]
+    1000: _arrays(st.booleans(), lambda b: "t" if b else "f"),  # bool[]
+    17: st.sampled_from([b"\\x00ff", b"a\\\\b\\001"]),  # bytea: Python only
+    1186: st.sampled_from([b"1 year 2 mons 3 days 04:05:06.5", b"-00:00:01"]),  # interval
+    2950: st.uuids().map(lambda u: str(u).encode()),  # uuid
+}
+# ... and text it never writes there, which the fast path must leave to Python
+ODD: dict[int, st.SearchStrategy[bytes]] = {
+    25: st.binary(max_size=8),  # not UTF-8: a decode error in both
+    16: st.just(b"x"),  # a KeyError in both
+    1009: st.text("{},\"\\ aN", max_size=12).map(str.encode),
+    1016: st.sampled_from([b"{007}", b"{-0}", b"{1, 2}", b"[0:1]={1,2}", b"{a}"]),
+    1000: st.sampled_from([b"{x}", b'{"t"}']),
+}
+VALUES = {t: st.one_of(v, ODD[t]) if t in ODD else v for t, v in SERVER.items()}
+TYPES = sorted(VALUES)
+
+_names = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"),
+                 min_size=1, max_size=8)
+
+
+@st.composite
+def relations(draw: st.DrawFn) -> tuple[Relation, list[int]]:
+    types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=7))
+    names = draw(st.lists(_names, min_size=len(types), max_size=len(types), unique=True))
+    keys = draw(st.lists(st.booleans(), min_size=len(types), max_size=len(types)))
+    columns = tuple(RelationColumn(k, n, t, -1) for k, n, t in zip(keys, names, types,
+                                                                     strict=True))
+    identity = draw(st.sampled_from("dfi"))
+    return Relation(16400, draw(_names), draw(_names), identity, columns), types
+
+
+@st.composite
+def rows(draw: st.DrawFn, types: list[int]) -> TupleData:
+    kinds, values = [], []
+    for t in types:
+        kind = draw(st.sampled_from("ttttttnu" + ("b" if draw(st.integers(0, 30)) == 0 else "")))
+        kinds.append(ord(kind))
+        values.append(draw(VALUES[t]) if kind in "tb" else None)
+    return TupleData(bytes(kinds), tuple(values))
+
+
+@st.composite
+def changes(draw: st.DrawFn) -> tuple[Relation, list[Any]]:
+    relation, types = draw(relations())
+    out: list[Any] = []
+    for _ in range(draw(st.integers(1, 4))):
+        action = draw(st.sampled_from(["I", "U", "D"]))
+        before = draw(st.sampled_from(["key", "old", "none"]))
+        old = draw(rows(types))
+        new = draw(rows(types))
+        if action == "I":
+            out.append(Insert(relation.relation_id, new))
+        elif action == "U":
+            out.append(Update(relation.relation_id, new,
+                              key=old if before == "key" else None,
+                              old=old if before == "old" else None))
+        else:
+            out.append(Delete(relation.relation_id, key=old if before != "old" else None,
+                              old=old if before == "old" else None))
+    return relation, out
+
+
+# --- the two pipelines ------------------------------------------------------------------------
+
+class Run:
+    """The json emitter's lines for one transaction, or its error; how many changes its fast
+    path wrote and how many it left to the callback."""
+
+    def __init__(self, messages: list[bytes], fast: bool,
+                 options: dict[str, str | None]) -> None:
+        self.used: Counter[str] = Counter()
+        pipeline = Pipeline(proto_version=1)
+        out = MemoryOutput()
+        ctx = pipeline.add(JsonEmitter(), options=options, output=out)
+        pipeline.startup()
+        compile_ = ctx.fast_change
+        assert compile_ is not None
+        ctx.fast_change = self._counting(compile_) if fast else None
+        self.error: str | None = None
+        lsn = 0x16B3748
+        try:
+            for data in messages:
+                lsn += 0x100
+                pipeline.feed(data, LSN(lsn))
+        except CallbackError as exc:
+            self.error = f"{type(exc.cause).__name__}: {exc.cause}"
+        self.lines = out.lines
+
+    def _counting(self, compile_: Any) -> Any:
+        def compiled(relation: Any) -> Any:
+            write = compile_(relation)
+
+            def counted(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
+                line = write(data, lsn, txn)
+                self.used["fast" if line is not None else "declined"] += 1
+                return line
+
+            return counted
+
+        return compiled
+
+
+def transaction(relation: Relation, body: list[Any]) -> list[bytes]:
+    when = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    return [encode(relation), encode(Begin(LSN(0x2000000), when, 741)),
+            *(encode(m) for m in body),
+            encode(Commit(LSN(0x2000000), LSN(0x2000100), when))]
+
+
+def declines(m: Any) -> bool:
+    """Whether the fast path may leave this change to the callback: binary columns, and text
+    that is not UTF-8 in a column it writes as a string."""
+    for row in (getattr(m, "new", None), getattr(m, "key", None), getattr(m, "old", None)):
+        if row is not None and (b"b" in row.kinds
+                                or any(v is not None and not _utf8(v) for v in row.values)):
+            return True
+    return False
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes(), st.sampled_from([{}, {"numeric-as": "number"}, {"bytea": "base64"}]))
+def test_fast_lines_equal_the_callbacks(example: tuple[Relation, list[Any]],
+                                        options: dict[str, str | None]) -> None:
+    relation, body = example
+    messages = transaction(relation, body)
+    fast = Run(messages, True, options)
+    reference = Run(messages, False, options)
+    assert fast.error == reference.error
+    assert fast.lines == reference.lines
+    assert not reference.used
+    # The fast path is offered every change, and writes every one it can.
+    if reference.error is None:
+        assert fast.used["fast"] + fast.used["declined"] == len(body)
+        assert fast.used["fast"] >= sum(not declines(m) for m in body)
+
+
+def _server_like(types: list[int]) -> st.SearchStrategy[TupleData]:
+    """Rows as the server sends them: text columns, valid values, some nulls."""
+    return st.tuples(*(st.one_of(st.none(), SERVER[t]) for t in types)).map(
+        lambda vs: TupleData(bytes(ord("n") if v is None else ord("t") for v in vs), vs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_server_like_rows_all_take_the_fast_path(data: st.DataObject) -> None:
+    relation, types = data.draw(relations())
+    body = [Insert(relation.relation_id, data.draw(_server_like(types))) for _ in range(4)]
+    messages = transaction(relation, body)
+    fast = Run(messages, True, {})
+    reference = Run(messages, False, {})
+    assert fast.error is None and reference.error is None
+    assert fast.lines == reference.lines
+    assert fast.used == {"fast": 4}
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes(), st.data())
+def test_damaged_messages_are_left_to_the_decoder(example: tuple[Relation, list[Any]],
+                                                  data: st.DataObject) -> None:
+    """A damaged row change is never formatted: the decoder reports it, as without the fast
+    path (or, damaged into another valid message, both print the same)."""
+    relation, body = example
+    messages = transaction(relation, body * 2)
+    index = data.draw(st.integers(3, len(messages) - 2))  # a change after the first
+    raw = bytearray(messages[index])
+    cut = data.draw(st.integers(5, max(5, len(raw))))
+    tail = data.draw(st.binary(max_size=6))
+    messages[index] = bytes(raw[:cut]) + tail
+    outcomes = []
+    for fast in (True, False):
+        try:
+            run = Run(messages, fast, {})
+            outcomes.append((run.error, run.lines))
+        except Exception as exc:  # the decoder's ProtocolError, or the dispatcher's
+            outcomes.append((f"{type(exc).__name__}: {exc}", None))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("raw", [
+    b"{}", b"{{}}", b"{a,b}", b'{"a\\"b",NULL,"NULL"}', b"{{a,b},{c,d}}", b"{{a},b}",
+    b"{a,{b}}", b"{ a }", b"[0:1]={a,b}", b'{""}', b"{a", b"{a}}", b"{a}x", b'{"a}',
+    b"{" * 7 + b"a" + b"}" * 7,
+])
+def test_array_shapes(raw: bytes) -> None:
+    relation = Relation(16400, "public", "t", "d",
+                        (RelationColumn(True, "a", 1009, -1),))
+    row = TupleData(b"t", (raw,))
+    messages = transaction(relation, [Insert(16400, row), Insert(16400, row)])
+    fast = Run(messages, True, {})
+    reference = Run(messages, False, {})
+    assert (fast.error, fast.lines) == (reference.error, reference.lines)
+
+
+# --- where the pipeline uses a fast_change, and where not --------------------------------------
+
+TABLE = Relation(16401, "public", "items", "d", (RelationColumn(True, "id", 20, -1),
+                                                 RelationColumn(False, "name", 25, -1)))
+WIDER = Relation(16401, "public", "items", "d", (*TABLE.columns,
+                                                 RelationColumn(False, "n", 23, -1)))
+
+
+def _row(*values: bytes | None) -> TupleData:
+    return TupleData(bytes(ord("n") if v is None else ord("t") for v in values), values)
+
+
+def _feed(pipeline: Pipeline, messages: list[Any]) -> None:
+    lsn = 0x1000000
+    for m in messages:
+        lsn += 0x100
+        pipeline.feed(m if isinstance(m, bytes) else encode(m), LSN(lsn))
+
+
+WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def _begin(xid: int = 741) -> Begin:
+    return Begin(LSN(0x2000000 + xid), WHEN, xid)
+
+
+def _commit() -> Commit:
+    return Commit(LSN(0x2000000), LSN(0x2000100), WHEN)
+
+
+def _json_pipeline(fast: bool, output: Any, *, extra: Any = None) -> tuple[Pipeline, Counter[str]]:
+    pipeline = Pipeline(proto_version=1)
+    ctx = pipeline.add(JsonEmitter(), output=output)
+    if extra is not None:
+        pipeline.add(extra[0], output=extra[1])
+    pipeline.startup()
+    used: Counter[str] = Counter()
+    compile_ = ctx.fast_change
+    assert compile_ is not None
+
+    def compiled(relation: Any) -> Any:
+        write = compile_(relation)
+
+        def counted(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
+            line = write(data, lsn, txn)
+            used["fast" if line is not None else "declined"] += 1
+            return line
+
+        return counted
+
+    ctx.fast_change = compiled if fast else None
+    return pipeline, used
+
+
+def _both(messages: list[Any]) -> tuple[list[str], Counter[str]]:
+    """The fast pipeline's lines, checked against the reference's, and its counts."""
+    outs = []
+    used: Counter[str] = Counter()
+    for fast in (True, False):
+        out = MemoryOutput()
+        pipeline, counts = _json_pipeline(fast, out)
+        _feed(pipeline, messages)
+        outs.append(out.lines)
+        used += counts
+    assert outs[0] == outs[1]
+    return outs[0], used
+
+
+def test_a_relation_redescribed_mid_transaction_gets_a_new_formatter() -> None:
+    lines, used = _both([TABLE, _begin(), Insert(16401, _row(b"1", b"a")), WIDER,
+                         Insert(16401, _row(b"2", b"b", b"7")), _commit()])
+    assert [orjson.loads(x)["new"] for x in lines] == [{"id": 1, "name": "a"},
+                                                        {"id": 2, "name": "b", "n": 7}]
+    assert used == {"fast": 2}
+
+
+def test_prepared_transactions_take_the_fast_path_with_their_fields() -> None:
+    from plugin_framework.protocol import BeginPrepare, Prepare
+
+    out = MemoryOutput()
+    pipeline = Pipeline(proto_version=3)
+    ctx = pipeline.add(JsonEmitter(), options={"two-phase": "on"}, output=out)
+    pipeline.startup()
+    assert ctx.fast_change is not None
+    messages = [TABLE, BeginPrepare(LSN(0x2000000), LSN(0x2000100), WHEN, 742, "g1"),
+                Insert(16401, _row(b"1", b"a")), Prepare(LSN(0x2000000), LSN(0x2000100), WHEN,
+                                                          742, "g1")]
+    _feed(pipeline, messages)
+    slow = MemoryOutput()
+    reference = Pipeline(proto_version=3)
+    rctx = reference.add(JsonEmitter(), options={"two-phase": "on"}, output=slow)
+    reference.startup()
+    rctx.fast_change = None
+    _feed(reference, messages)
+    assert out.lines == slow.lines
+    assert orjson.loads(out.lines[0])["phase"] == "prepare"
+
+
+def test_a_plugin_without_a_formatter_still_gets_its_change_callback() -> None:
+    from emitters.text import TestDecodingEmitter
+
+    messages = [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
+                Insert(16401, _row(b"2", None)), _commit()]
+    json_out, text_out, text_alone = MemoryOutput(), MemoryOutput(), MemoryOutput()
+    pipeline, used = _json_pipeline(True, json_out, extra=(TestDecodingEmitter(), text_out))
+    _feed(pipeline, messages)
+    alone = Pipeline(proto_version=1)
+    alone.add(TestDecodingEmitter(), output=text_alone)
+    alone.startup()
+    _feed(alone, messages)
+    assert text_out.lines == text_alone.lines
+    assert len(text_out.lines) == 4  # BEGIN, two INSERTs, COMMIT
+    assert used == {"fast": 2}
+    assert json_out.lines == _both(messages)[0]
+
+
+def test_no_fast_path_under_a_change_filter() -> None:
+    """Row filters and column lists change what the callback gets: then it always runs."""
+    out = MemoryOutput()
+    pipeline, used = _json_pipeline(True, out)
+    pipeline.change_filter = lambda change: change if change.new.text("id") == "1" else None
+    _feed(pipeline, [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
+                     Insert(16401, _row(b"2", b"b")), _commit()])
+    assert [orjson.loads(x)["new"]["id"] for x in out.lines] == [1]
+    assert not used
+
+
+def test_a_cut_short_transaction_is_taken_back_from_the_file(tmp_path: Any) -> None:
+    """Lines written by the fast path are taken back by reset() like any other."""
+    from plugin_framework import FileOutput
+
+    path = tmp_path / "out.jsonl"
+    output = FileOutput(path)
+    pipeline, used = _json_pipeline(True, output)
+    _feed(pipeline, [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
+                     Insert(16401, _row(b"2", b"b"))])
+    pipeline.reset()  # the connection was lost: the server sends the transaction again
+    _feed(pipeline, [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
+                     Insert(16401, _row(b"2", b"b")), _commit()])
+    pipeline.shutdown()
+    assert [orjson.loads(x)["new"]["id"] for x in path.read_text().splitlines()] == [1, 2]
+    assert used == {"fast": 4}
+
+
+class _Declining(JsonEmitter):
+    """A third-party fast_change: declines odd ids, writes bad UTF-8 for id 13."""
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        super().startup(ctx, options, is_init)
+
+        def compiled(relation: Any) -> Any:
+            def write(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
+                if b"13" in data:
+                    return b"\xff"
+                return None if data[-1:] in b"13579" else b"fast"
+
+            return write
+
+        ctx.fast_change = compiled
+
+
+def test_formatters_may_decline_and_are_held_to_textual_output() -> None:
+    out = MemoryOutput()
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(_Declining(), output=out)
+    pipeline.startup()
+    ids = Relation(16402, "public", "ids", "d", (RelationColumn(True, "id", 20, -1),))
+    _feed(pipeline, [ids, _begin(), Insert(16402, TupleData(b"t", (b"2",))),
+                     Insert(16402, TupleData(b"t", (b"3",))), _commit()])
+    assert out.lines[0] == "fast" and orjson.loads(out.lines[1])["new"] == {"id": 3}
+    with pytest.raises(CallbackError, match=r"in the change callback.*invalid UTF-8"):
+        _feed(pipeline, [_begin(742), Insert(16402, TupleData(b"t", (b"13",)))])
