@@ -25,6 +25,7 @@ from parity_workload import run_parity_workload, setup_parity
 from pgtest import create_database, drop_database
 from psycopg import sql
 from psycopg.adapt import Loader
+from recorders import counting_fast_change
 from workload import Facts, create_schema, run_workload
 
 from emitters.json import (
@@ -100,7 +101,7 @@ class Source:
         ctx = pipeline.add(JsonEmitter(), options=options, output=out)
         pipeline.startup()
         counts = self.fast_counts[key] = Counter()
-        ctx.fast_change = counting(ctx.fast_change, counts) if fast else None
+        ctx.fast_change = counting_fast_change(ctx.fast_change, counts) if fast else None
         for item in self.capture(streaming, binary):
             pipeline.feed(item.data, item.lsn)
         assert not pipeline.in_flight
@@ -119,23 +120,6 @@ class Source:
             lines.append(line)
         self.outputs[key] = (texts, lines)
         return texts, lines
-
-
-def counting(compile_: Any, counts: Counter[str]) -> Any:
-    """A fast_change that counts the changes its formatters write and decline."""
-    assert compile_ is not None, "the json emitter has no fast path: is emitters._jsonrow built?"
-
-    def compiled(relation: Any) -> Any:
-        write = compile_(relation)
-
-        def counted(data: bytes, lsn: Any, txn: Any) -> bytes | None:
-            line = write(data, lsn, txn)
-            counts["fast" if line is not None else "declined"] += 1
-            return line
-
-        return counted
-
-    return compiled
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recorders import counting_fast_change
 
 from emitters.json import JsonEmitter
 from plugin_framework import LSN
@@ -179,9 +180,7 @@ class Run:
         out = MemoryOutput()
         ctx = pipeline.add(JsonEmitter(), options=options, output=out)
         pipeline.startup()
-        compile_ = ctx.fast_change
-        assert compile_ is not None
-        ctx.fast_change = self._counting(compile_) if fast else None
+        ctx.fast_change = counting_fast_change(ctx.fast_change, self.used) if fast else None
         self.error: str | None = None
         lsn = 0x16B3748
         try:
@@ -191,19 +190,6 @@ class Run:
         except CallbackError as exc:
             self.error = f"{type(exc.cause).__name__}: {exc.cause}"
         self.lines = out.lines
-
-    def _counting(self, compile_: Any) -> Any:
-        def compiled(relation: Any) -> Any:
-            write = compile_(relation)
-
-            def counted(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
-                line = write(data, lsn, txn)
-                self.used["fast" if line is not None else "declined"] += 1
-                return line
-
-            return counted
-
-        return compiled
 
 
 def transaction(relation: Relation, body: list[Any]) -> list[bytes]:
@@ -342,20 +328,7 @@ def _json_pipeline(fast: bool, output: Any, *, extra: Any = None) -> tuple[Pipel
         pipeline.add(extra[0], output=extra[1])
     pipeline.startup()
     used: Counter[str] = Counter()
-    compile_ = ctx.fast_change
-    assert compile_ is not None
-
-    def compiled(relation: Any) -> Any:
-        write = compile_(relation)
-
-        def counted(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
-            line = write(data, lsn, txn)
-            used["fast" if line is not None else "declined"] += 1
-            return line
-
-        return counted
-
-    ctx.fast_change = compiled if fast else None
+    ctx.fast_change = counting_fast_change(ctx.fast_change, used) if fast else None
     return pipeline, used
 
 
