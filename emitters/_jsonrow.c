@@ -218,8 +218,8 @@ static int put_timestamp(Buf *b, const unsigned char *s, size_t n, int with_zone
     if (n < 11 || s[4] != '-' || s[10] != ' ' || s[n - 1] == 'C' || !is_ascii(s, n))
         return DEFER;
     for (size_t i = 0; i < n; i++)
-        if (s[i] == '"' || s[i] == '\\' || s[i] < 0x20)
-            return DEFER;
+        if (s[i] == '"' || s[i] == '\\' || s[i] < 0x20 || (i < 10 && s[i] == ' '))
+            return DEFER; /* Python replaces the first space: let it, where that differs */
     TRY(put_byte(b, '"'));
     TRY(put(b, s, 10));
     TRY(put_byte(b, 'T'));

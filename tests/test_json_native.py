@@ -84,7 +84,8 @@ def _ts_text(with_zone: bool) -> st.SearchStrategy[bytes]:
         st.builds(show, _timestamps, offsets),
         st.sampled_from([b"infinity", b"-infinity", b"0044-03-15 10:00:00 BC",
                          b"0044-03-15 10:00:00+00 BC", b"Sat Jan 01 00:00:00 2000 PST",
-                         b"12345-01-01 00:00:00", b"01/02/2024 03:04:05"]),
+                         b"12345-01-01 00:00:00", b"01/02/2024 03:04:05",
+                         b"20 4-01-02 03:04:05+00"]),
     )
 
 
