@@ -67,10 +67,10 @@ from plugin_framework.protocol import Relation as RelationMessage
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
-_ROW_CHANGE_TAGS = (b"I", b"U", b"D")
-_ROW_CHANGE_CODES = frozenset(b"IUD")
-_XID = struct.Struct(">I")  # a streamed change's (sub)transaction id, after its type byte
-_RELID = struct.Struct(">I")  # an ordinary row change's relation id, after its type byte
+_ROW_CHANGES = frozenset(b"IUD")  # the type bytes of Insert, Update and Delete
+# The 32-bit field after a row change's type byte: its (sub)transaction id in a stream,
+# else its relation id.
+_AFTER_TYPE = struct.Struct(">I")
 _UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
 
 
@@ -306,21 +306,21 @@ class Pipeline:
         stream = self._stream
         if stream is not None:
             if stream.in_block and not stream.live and stream.spool is not None \
-                    and data[:1] in _ROW_CHANGE_TAGS and len(data) >= 5:
+                    and len(data) >= 5 and data[0] in _ROW_CHANGES:
                 # A row change of a streamed transaction that only goes to the spool: its rows
                 # are parsed once, at replay, not also now (a malformed one is reported then).
                 self.changes += 1
-                stream.spool.append(lsn, _XID.unpack_from(data, 1)[0], True, data)
+                stream.spool.append(lsn, _AFTER_TYPE.unpack_from(data, 1)[0], True, data)
                 return
         else:
             state = self._txn
             if state is not None and (state.fast is not None or not state.started) \
-                    and len(data) >= 5 and data[0] in _ROW_CHANGE_CODES:
+                    and len(data) >= 5 and data[0] in _ROW_CHANGES:
                 if not state.started:
                     self._start(state)
                 fast = state.fast
                 if fast is not None:
-                    relid = _RELID.unpack_from(data, 1)[0]
+                    relid = _AFTER_TYPE.unpack_from(data, 1)[0]
                     writers = fast.get(relid, _UNKNOWN)
                     if writers is _UNKNOWN:
                         writers = fast[relid] = self._fast_writers(state, relid)
