@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "pgoutput_tags.h" /* generated from plugin_framework/protocol/tags.py */
+
 /* How a column's text becomes its JSON value: one code per Python converter of
  * emitters/json.py (TypeConverters.text), which this module exports by these names. */
 enum {
@@ -370,7 +372,7 @@ typedef struct {
 
 /* One column of a tuple as the message carries it. */
 typedef struct {
-    unsigned char kind; /* 'n', 'u' or 't' */
+    unsigned char kind; /* PGOUTPUT_TUPLE_NULL, _UNCHANGED_TOAST or _TEXT */
     const unsigned char *value;
     size_t len;
 } Column;
@@ -391,7 +393,7 @@ static const unsigned char *read_tuple(const unsigned char *p, const unsigned ch
             return NULL;
         unsigned char kind = *p++;
         cols[i].kind = kind;
-        if (kind == 't') {
+        if (kind == PGOUTPUT_TUPLE_TEXT) {
             if (end - p < 4)
                 return NULL;
             size_t len = be32(p);
@@ -401,7 +403,7 @@ static const unsigned char *read_tuple(const unsigned char *p, const unsigned ch
             cols[i].value = p;
             cols[i].len = len;
             p += len;
-        } else if (kind != 'n' && kind != 'u') {
+        } else if (kind != PGOUTPUT_TUPLE_NULL && kind != PGOUTPUT_TUPLE_UNCHANGED_TOAST) {
             return NULL;
         }
     }
@@ -495,7 +497,7 @@ static int put_row(RowFormat *self, Buf *b, const Column *cols, const Py_ssize_t
     for (Py_ssize_t k = 0; k < count; k++) {
         Py_ssize_t i = which == NULL ? k : which[k];
         const Column *col = &cols[i];
-        if (col->kind == 'u') {
+        if (col->kind == PGOUTPUT_TUPLE_UNCHANGED_TOAST) {
             toast[(*ntoast)++] = i;
             continue;
         }
@@ -504,7 +506,7 @@ static int put_row(RowFormat *self, Buf *b, const Column *cols, const Py_ssize_t
         first = 0;
         TRY(put_name(self, b, i));
         TRY(put_byte(b, ':'));
-        if (col->kind == 'n')
+        if (col->kind == PGOUTPUT_TUPLE_NULL)
             TRY(PUT_LITERAL(b, "null"));
         else
             TRY(put_value(self, b, i, col));
@@ -535,7 +537,10 @@ static int format_line(RowFormat *self, Buf *b, const unsigned char *data, size_
     if (size < 6 || be32(data + 1) != self->relid)
         return DEFER;
     unsigned char tag = data[0];
-    int action = tag == 'I' ? 0 : tag == 'U' ? 1 : tag == 'D' ? 2 : -1;
+    int action = tag == PGOUTPUT_MSG_INSERT   ? 0
+               : tag == PGOUTPUT_MSG_UPDATE ? 1
+               : tag == PGOUTPUT_MSG_DELETE ? 2
+                                            : -1;
     if (action < 0)
         return DEFER;
     p += 5;

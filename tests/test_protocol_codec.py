@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
@@ -11,24 +13,46 @@ from hypothesis import strategies as st
 from strategies import control, transactional
 
 from plugin_framework.protocol import (
+    ID_AFTER_TAG,
     LSN,
+    ROW_CHANGE_TAGS,
     Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
     Decoder,
+    Delete,
     Insert,
     InvalidFieldError,
+    LogicalMessage,
+    MessageTag,
+    Origin,
+    Prepare,
     ProtocolError,
+    Relation,
+    RelationColumn,
+    RollbackPrepared,
     StreamAbort,
+    StreamCommit,
+    StreamPrepare,
     StreamStart,
     StreamStop,
+    Truncate,
     TruncatedMessageError,
     TupleData,
+    TupleKind,
+    Type,
     UnexpectedMessageError,
     UnknownMessageTypeError,
+    Update,
     decode_copy_data,
     decode_standby_status,
     encode,
     encode_copy_data,
+    id_after_tag,
+    is_row_change,
 )
+from plugin_framework.protocol.cheader import c_header
 from plugin_framework.protocol.framing import PrimaryKeepalive, StandbyStatusUpdate, XLogData
 
 versions = st.integers(1, 4)
@@ -203,3 +227,97 @@ def test_protocol_error_message_is_readable() -> None:
         "malformed Insert message at byte 3: message ends after 3 bytes while reading "
         "relation id and tuple marker"
     )
+
+
+# --- message tags ----------------------------------------------------------------------------
+
+# A message of every type, by the C name of its tag (PostgreSQL's LogicalRepMsgType).
+_AT = datetime(2026, 1, 1, tzinfo=UTC)
+_ROW = TupleData(b"t", (b"1",))
+EVERY_MESSAGE = {
+    MessageTag.BEGIN: Begin(LSN(10), _AT, 7),
+    MessageTag.COMMIT: Commit(LSN(10), LSN(20), _AT),
+    MessageTag.ORIGIN: Origin(LSN(5), "upstream"),
+    MessageTag.INSERT: Insert(16384, _ROW),
+    MessageTag.UPDATE: Update(16384, _ROW, key=_ROW),
+    MessageTag.DELETE: Delete(16384, key=_ROW),
+    MessageTag.TRUNCATE: Truncate((16384,), False, True),
+    MessageTag.RELATION: Relation(16384, "public", "t", "d",
+                                  (RelationColumn(True, "id", 23, -1),)),
+    MessageTag.TYPE: Type(16400, "public", "mood"),
+    MessageTag.MESSAGE: LogicalMessage(True, LSN(9), "p", b"x"),
+    MessageTag.BEGIN_PREPARE: BeginPrepare(LSN(10), LSN(20), _AT, 7, "g"),
+    MessageTag.PREPARE: Prepare(LSN(10), LSN(20), _AT, 7, "g"),
+    MessageTag.COMMIT_PREPARED: CommitPrepared(LSN(30), LSN(40), _AT, 7, "g"),
+    MessageTag.ROLLBACK_PREPARED: RollbackPrepared(LSN(20), LSN(40), _AT, _AT, 7, "g"),
+    MessageTag.STREAM_START: StreamStart(7, True),
+    MessageTag.STREAM_STOP: StreamStop(),
+    MessageTag.STREAM_COMMIT: StreamCommit(7, LSN(10), LSN(20), _AT),
+    MessageTag.STREAM_ABORT: StreamAbort(7, 8),
+    MessageTag.STREAM_PREPARE: StreamPrepare(LSN(10), LSN(20), _AT, 7, "g"),
+}
+
+
+def test_message_tags_are_postgresqls() -> None:
+    """LogicalRepMsgType in src/include/replication/logicalproto.h, member for member."""
+    assert {t.c_name: t.char for t in MessageTag} == {
+        "LOGICAL_REP_MSG_BEGIN": "B", "LOGICAL_REP_MSG_COMMIT": "C",
+        "LOGICAL_REP_MSG_ORIGIN": "O", "LOGICAL_REP_MSG_INSERT": "I",
+        "LOGICAL_REP_MSG_UPDATE": "U", "LOGICAL_REP_MSG_DELETE": "D",
+        "LOGICAL_REP_MSG_TRUNCATE": "T", "LOGICAL_REP_MSG_RELATION": "R",
+        "LOGICAL_REP_MSG_TYPE": "Y", "LOGICAL_REP_MSG_MESSAGE": "M",
+        "LOGICAL_REP_MSG_BEGIN_PREPARE": "b", "LOGICAL_REP_MSG_PREPARE": "P",
+        "LOGICAL_REP_MSG_COMMIT_PREPARED": "K", "LOGICAL_REP_MSG_ROLLBACK_PREPARED": "r",
+        "LOGICAL_REP_MSG_STREAM_START": "S", "LOGICAL_REP_MSG_STREAM_STOP": "E",
+        "LOGICAL_REP_MSG_STREAM_COMMIT": "c", "LOGICAL_REP_MSG_STREAM_ABORT": "A",
+        "LOGICAL_REP_MSG_STREAM_PREPARE": "p",
+    }
+    assert {chr(k) for k in TupleKind} == {"n", "u", "t", "b"}
+
+
+@pytest.mark.parametrize("tag", list(MessageTag), ids=lambda t: t.name)
+def test_every_tag_encodes_and_decodes(tag: MessageTag) -> None:
+    message = EVERY_MESSAGE[tag]
+    data = encode(message)
+    assert data[0] == tag
+    decoder = Decoder(4)
+    if tag == MessageTag.STREAM_STOP:
+        decoder.in_stream = True
+    assert decoder.decode(data) == message
+
+
+def test_errors_name_the_tag() -> None:
+    with pytest.raises(UnknownMessageTypeError) as unknown:
+        Decoder(4).decode(b"Z\0\0")
+    assert unknown.value.message_type == "Z" and unknown.value.tag is None
+    with pytest.raises(UnexpectedMessageError, match=r"'S' \(Stream Start, "
+                       r"LOGICAL_REP_MSG_STREAM_START\) needs protocol version 2") as early:
+        Decoder(1).decode(encode(StreamStart(7, True)))
+    assert early.value.tag is MessageTag.STREAM_START
+    with pytest.raises(TruncatedMessageError) as short:
+        Decoder(1).decode(INSERT[:3])
+    assert short.value.tag is MessageTag.INSERT
+
+
+@given(st.binary(max_size=12))
+def test_raw_helpers_agree_with_the_decoder(data: bytes) -> None:
+    for tag in (MessageTag.INSERT, MessageTag.UPDATE, MessageTag.DELETE):
+        assert is_row_change(bytes((tag,)) + data) == (len(data) >= 4)
+    assert is_row_change(b"B" + data) is False
+    for message in (EVERY_MESSAGE[MessageTag.INSERT], EVERY_MESSAGE[MessageTag.UPDATE],
+                    EVERY_MESSAGE[MessageTag.DELETE]):
+        raw = encode(message)
+        assert is_row_change(raw) and id_after_tag(raw) == 16384
+        streamed = encode(replace(message, xid=4242))
+        assert is_row_change(streamed) and id_after_tag(streamed) == 4242
+    assert frozenset(b"IUD") == ROW_CHANGE_TAGS
+    assert ID_AFTER_TAG.size == 4
+
+
+def test_the_c_header_is_generated_from_the_tags() -> None:
+    """emitters/pgoutput_tags.h is committed; regenerate it with
+    ``python -m plugin_framework.protocol.cheader --c-header emitters/pgoutput_tags.h``."""
+    header = Path(__file__).resolve().parent.parent / "emitters" / "pgoutput_tags.h"
+    assert header.read_text(encoding="ascii") == c_header()
+    for tag in MessageTag:
+        assert f"#define PGOUTPUT_MSG_{tag.name} " in c_header()

@@ -55,15 +55,18 @@ from plugin_framework.protocol.messages import (
     Update,
 )
 from plugin_framework.protocol.pgtime import PG_EPOCH, from_pg_micros, to_pg_micros
+from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_TAGS, id_after_tag, is_row_change
+from plugin_framework.protocol.tags import MessageTag, TupleKind
 
 __all__ = [
-    "INVALID_LSN", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST", "LSN",
-    "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "UNCHANGED_TOAST", "Begin",
-    "BeginPrepare", "Commit", "CommitPrepared", "Decoder", "Delete", "Insert",
-    "InvalidFieldError", "LogicalMessage", "Message", "Origin", "Prepare", "PrimaryKeepalive",
-    "ProtocolError", "Relation", "RelationColumn", "RollbackPrepared", "StandbyStatusUpdate",
-    "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart", "StreamStop", "Truncate",
-    "TruncatedMessageError", "TupleData", "Type", "UnexpectedMessageError",
-    "UnknownMessageTypeError", "Update", "XLogData", "decode_copy_data", "decode_standby_status",
-    "encode", "encode_copy_data", "encode_tuple", "from_pg_micros", "to_pg_micros",
+    "ID_AFTER_TAG", "INVALID_LSN", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST",
+    "LSN", "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "ROW_CHANGE_TAGS",
+    "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Commit", "CommitPrepared", "Decoder", "Delete",
+    "Insert", "InvalidFieldError", "LogicalMessage", "Message", "MessageTag", "Origin", "Prepare",
+    "PrimaryKeepalive", "ProtocolError", "Relation", "RelationColumn", "RollbackPrepared",
+    "StandbyStatusUpdate", "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart",
+    "StreamStop", "Truncate", "TruncatedMessageError", "TupleData", "TupleKind", "Type",
+    "UnexpectedMessageError", "UnknownMessageTypeError", "Update", "XLogData", "decode_copy_data",
+    "decode_standby_status", "encode", "encode_copy_data", "encode_tuple", "from_pg_micros",
+    "id_after_tag", "is_row_change", "to_pg_micros",
 ]

@@ -51,6 +51,7 @@ from plugin_framework.protocol.messages import (
     Update,
 )
 from plugin_framework.protocol.pgtime import from_pg_micros
+from plugin_framework.protocol.tags import STREAMING_TAGS, MessageTag
 
 MIN_PROTO_VERSION: Final = 1
 MAX_PROTO_VERSION: Final = 4
@@ -96,32 +97,38 @@ class Decoder:
             )
         self.proto_version = proto_version
         self.in_stream = False
+        # Keyed by plain ints, not MessageTag members: a lookup with data[0] then finds its
+        # key by identity (small ints are cached) without calling IntEnum's __eq__.
         self._readers: dict[int, _Reader] = {
-            0x42: self._begin,  # B
-            0x43: self._commit,  # C
-            0x4F: self._origin,  # O
-            0x52: self._relation,  # R
-            0x59: self._type,  # Y
-            0x49: self._insert,  # I
-            0x55: self._update,  # U
-            0x44: self._delete,  # D
-            0x54: self._truncate,  # T
-            0x4D: self._message,  # M
-            0x62: self._begin_prepare,  # b
-            0x50: self._prepare,  # P
-            0x4B: self._commit_prepared,  # K
-            0x72: self._rollback_prepared,  # r
+            int(tag): reader for tag, reader in (
+                (MessageTag.BEGIN, self._begin),
+                (MessageTag.COMMIT, self._commit),
+                (MessageTag.ORIGIN, self._origin),
+                (MessageTag.RELATION, self._relation),
+                (MessageTag.TYPE, self._type),
+                (MessageTag.INSERT, self._insert),
+                (MessageTag.UPDATE, self._update),
+                (MessageTag.DELETE, self._delete),
+                (MessageTag.TRUNCATE, self._truncate),
+                (MessageTag.MESSAGE, self._message),
+                (MessageTag.BEGIN_PREPARE, self._begin_prepare),
+                (MessageTag.PREPARE, self._prepare),
+                (MessageTag.COMMIT_PREPARED, self._commit_prepared),
+                (MessageTag.ROLLBACK_PREPARED, self._rollback_prepared),
+            )
         }
         if proto_version >= 2:
+            # Stream Prepare belongs to protocol 3, but through the SQL interface a slot with
+            # two_phase sends it to any streaming version, as it sends Begin Prepare and
+            # friends to version 1.
             self._readers.update({
-                0x53: self._stream_start,  # S
-                0x45: self._stream_stop,  # E
-                0x63: self._stream_commit,  # c
-                0x41: self._stream_abort,  # A
-                # Stream Prepare belongs to protocol 3, but through the SQL interface a slot
-                # with two_phase sends it to any streaming version, as it sends Begin Prepare
-                # and friends to version 1.
-                0x70: self._stream_prepare,  # p
+                int(tag): reader for tag, reader in (
+                    (MessageTag.STREAM_START, self._stream_start),
+                    (MessageTag.STREAM_STOP, self._stream_stop),
+                    (MessageTag.STREAM_COMMIT, self._stream_commit),
+                    (MessageTag.STREAM_ABORT, self._stream_abort),
+                    (MessageTag.STREAM_PREPARE, self._stream_prepare),
+                )
             })
 
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
@@ -204,16 +211,19 @@ class Decoder:
 
     def _stream_start(self, data: bytes) -> StreamStart:
         if self.in_stream:
-            raise UnexpectedMessageError("Stream Start inside a stream block", 0, "S")
+            raise UnexpectedMessageError("Stream Start inside a stream block", 0,
+                                         MessageTag.STREAM_START.char)
         xid, first = _fixed(_STREAM_START, data)
         if first > 1:
-            raise InvalidFieldError(f"first-segment flag is {first}, expected 0 or 1", 5, "S")
+            raise InvalidFieldError(f"first-segment flag is {first}, expected 0 or 1", 5,
+                                    MessageTag.STREAM_START.char)
         self.in_stream = True
         return StreamStart(xid, bool(first))
 
     def _stream_stop(self, data: bytes) -> StreamStop:
         if not self.in_stream:
-            raise UnexpectedMessageError("Stream Stop outside a stream block", 0, "E")
+            raise UnexpectedMessageError("Stream Stop outside a stream block", 0,
+                                         MessageTag.STREAM_STOP.char)
         _end(data, 1)
         self.in_stream = False
         return StreamStop()
@@ -222,7 +232,8 @@ class Decoder:
         self._outside_stream(data)
         xid, flags, commit_lsn, end_lsn, commit_time = _fixed(_STREAM_COMMIT, data)
         if flags:
-            raise InvalidFieldError(f"unrecognized flags {flags}, expected 0", 5, "c")
+            raise InvalidFieldError(f"unrecognized flags {flags}, expected 0", 5,
+                                    MessageTag.STREAM_COMMIT.char)
         return StreamCommit(xid, LSN(commit_lsn), LSN(end_lsn), _time(commit_time, 22, data))
 
     def _stream_abort(self, data: bytes) -> StreamAbort:
@@ -241,7 +252,7 @@ class Decoder:
         raise InvalidFieldError(
             f"Stream Abort is {len(data)} bytes, expected {expected} "
             f"for protocol version {self.proto_version}",
-            short, "A",
+            short, MessageTag.STREAM_ABORT.char,
         )
 
     # --- catalog ----------------------------------------------------------------------------
@@ -258,7 +269,8 @@ class Decoder:
         identity = chr(data[pos])
         if identity not in _REPLICA_IDENTITIES:
             raise InvalidFieldError(
-                f"unknown replica identity {identity!r}, expected one of d, n, f, i", pos, "R"
+                f"unknown replica identity {identity!r}, expected one of d, n, f, i", pos,
+                MessageTag.RELATION.char,
             )
         ncols = _U16.unpack_from(data, pos + 1)[0]
         pos += 3
@@ -268,7 +280,8 @@ class Decoder:
                 raise _truncated(data, f"flags of column {i}")
             flags = data[pos]
             if flags & ~_COLUMN_IS_KEY:
-                raise InvalidFieldError(f"unrecognized flags {flags} of column {i}", pos, "R")
+                raise InvalidFieldError(f"unrecognized flags {flags} of column {i}", pos,
+                                        MessageTag.RELATION.char)
             colname, pos = _string(data, pos + 1, f"name of column {i}")
             if len(data) < pos + 8:
                 raise _truncated(data, f"type of column {i}")
@@ -304,7 +317,8 @@ class Decoder:
             raise _truncated(data, "relation id and tuple marker")
         if data[pos + 4] != 0x4E:  # 'N'
             raise InvalidFieldError(
-                f"expected new tuple 'N', got {_show(data[pos + 4])}", pos + 4, "I"
+                f"expected new tuple 'N', got {_show(data[pos + 4])}", pos + 4,
+                MessageTag.INSERT.char,
             )
         new, end = _read_tuple(data, pos + 5)
         if end != len(data):
@@ -330,11 +344,12 @@ class Decoder:
             marker = data[pos]
             if marker == 0x4B or marker == 0x4F:
                 raise InvalidFieldError(
-                    "old key and old tuple both present: expected 'N' after the first", pos, "U"
+                    "old key and old tuple both present: expected 'N' after the first", pos,
+                    MessageTag.UPDATE.char,
                 )
         if marker != 0x4E:
             raise InvalidFieldError(
-                f"expected 'K', 'O' or 'N', got {_show(marker)}", pos, "U"
+                f"expected 'K', 'O' or 'N', got {_show(marker)}", pos, MessageTag.UPDATE.char
             )
         new, end = _read_tuple(data, pos + 1)
         if end != len(data):
@@ -347,7 +362,8 @@ class Decoder:
             raise _truncated(data, "relation id and tuple marker")
         marker = data[pos + 4]
         if marker != 0x4B and marker != 0x4F:
-            raise InvalidFieldError(f"expected 'K' or 'O', got {_show(marker)}", pos + 4, "D")
+            raise InvalidFieldError(f"expected 'K' or 'O', got {_show(marker)}", pos + 4,
+                                    MessageTag.DELETE.char)
         before, end = _read_tuple(data, pos + 5)
         if end != len(data):
             raise _trailing(data, end)
@@ -362,7 +378,8 @@ class Decoder:
             raise _truncated(data, "relation count and flags")
         nrelids, flags = _TRUNCATE_HEAD.unpack_from(data, pos)
         if flags & ~(_TRUNCATE_CASCADE | _TRUNCATE_RESTART_SEQS):
-            raise InvalidFieldError(f"unrecognized truncate flags {flags}", pos + 4, "T")
+            raise InvalidFieldError(f"unrecognized truncate flags {flags}", pos + 4,
+                                    MessageTag.TRUNCATE.char)
         pos += 5
         if len(data) - pos != 4 * nrelids:
             if len(data) - pos < 4 * nrelids:
@@ -379,7 +396,8 @@ class Decoder:
             raise _truncated(data, "flags and LSN")
         flags, lsn = _MESSAGE_HEAD.unpack_from(data, pos)
         if flags & ~_MESSAGE_TRANSACTIONAL:
-            raise InvalidFieldError(f"unrecognized message flags {flags}", pos, "M")
+            raise InvalidFieldError(f"unrecognized message flags {flags}", pos,
+                                    MessageTag.MESSAGE.char)
         prefix, pos = _string(data, pos + _MESSAGE_HEAD.size, "prefix")
         if len(data) < pos + 4:
             raise _truncated(data, "content length")
@@ -569,12 +587,11 @@ def _show(byte: int) -> str:
 
 
 def _unknown_type(byte: int, proto_version: int) -> ProtocolError:
-    needs = {0x53: 2, 0x45: 2, 0x63: 2, 0x41: 2, 0x70: 2}.get(byte)
-    if needs is not None:
+    if byte in STREAMING_TAGS:
+        tag = MessageTag(byte)
         return UnexpectedMessageError(
-            f"{_show(byte)} needs protocol version {needs} or later; "
+            f"{_show(byte)} ({tag.title}, {tag.c_name}) needs protocol version 2 or later; "
             f"this stream speaks version {proto_version}",
-            0, chr(byte),
+            0, tag.char,
         )
-    return UnknownMessageTypeError(f"unknown message type {_show(byte)}", 0)
-
+    return UnknownMessageTypeError(f"unknown message type {_show(byte)}", 0, chr(byte))

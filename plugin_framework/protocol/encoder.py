@@ -38,8 +38,30 @@ from plugin_framework.protocol.messages import (
     Update,
 )
 from plugin_framework.protocol.pgtime import to_pg_micros
+from plugin_framework.protocol.tags import MessageTag
 
 _pack = struct.pack
+
+# Each tag as the one byte that starts its message.
+_BEGIN = bytes((MessageTag.BEGIN,))
+_COMMIT = bytes((MessageTag.COMMIT,))
+_ORIGIN = bytes((MessageTag.ORIGIN,))
+_RELATION = bytes((MessageTag.RELATION,))
+_TYPE = bytes((MessageTag.TYPE,))
+_INSERT = bytes((MessageTag.INSERT,))
+_UPDATE = bytes((MessageTag.UPDATE,))
+_DELETE = bytes((MessageTag.DELETE,))
+_TRUNCATE = bytes((MessageTag.TRUNCATE,))
+_MESSAGE = bytes((MessageTag.MESSAGE,))
+_BEGIN_PREPARE = bytes((MessageTag.BEGIN_PREPARE,))
+_PREPARE = bytes((MessageTag.PREPARE,))
+_COMMIT_PREPARED = bytes((MessageTag.COMMIT_PREPARED,))
+_ROLLBACK_PREPARED = bytes((MessageTag.ROLLBACK_PREPARED,))
+_STREAM_START = bytes((MessageTag.STREAM_START,))
+_STREAM_STOP = bytes((MessageTag.STREAM_STOP,))
+_STREAM_COMMIT = bytes((MessageTag.STREAM_COMMIT,))
+_STREAM_ABORT = bytes((MessageTag.STREAM_ABORT,))
+_STREAM_PREPARE = bytes((MessageTag.STREAM_PREPARE,))
 
 
 def _xid(xid: int | None) -> bytes:
@@ -81,20 +103,20 @@ def _before(key: TupleData | None, old: TupleData | None) -> bytes:
 
 
 def _begin(m: Begin) -> bytes:
-    return _pack(">cQqI", b"B", m.final_lsn, to_pg_micros(m.commit_time), m.xid)
+    return _pack(">cQqI", _BEGIN, m.final_lsn, to_pg_micros(m.commit_time), m.xid)
 
 
 def _commit(m: Commit) -> bytes:
-    return _pack(">cBQQq", b"C", 0, m.commit_lsn, m.end_lsn, to_pg_micros(m.commit_time))
+    return _pack(">cBQQq", _COMMIT, 0, m.commit_lsn, m.end_lsn, to_pg_micros(m.commit_time))
 
 
 def _origin(m: Origin) -> bytes:
-    return _pack(">cQ", b"O", m.origin_lsn) + _string(m.name)
+    return _pack(">cQ", _ORIGIN, m.origin_lsn) + _string(m.name)
 
 
 def _relation(m: Relation) -> bytes:
     parts = [
-        b"R", _xid(m.xid), _pack(">I", m.relation_id), _string(m.namespace), _string(m.name),
+        _RELATION, _xid(m.xid), _pack(">I", m.relation_id), _string(m.namespace), _string(m.name),
         _pack(">cH", m.replica_identity.encode(), len(m.columns)),
     ]
     for col in m.columns:
@@ -107,17 +129,17 @@ def _relation(m: Relation) -> bytes:
 
 def _type(m: Type) -> bytes:
     return (
-        b"Y" + _xid(m.xid) + _pack(">I", m.type_oid) + _string(m.namespace) + _string(m.name)
+        _TYPE + _xid(m.xid) + _pack(">I", m.type_oid) + _string(m.namespace) + _string(m.name)
     )
 
 
 def _insert(m: Insert) -> bytes:
-    return b"I" + _xid(m.xid) + _pack(">Ic", m.relation_id, b"N") + encode_tuple(m.new)
+    return _INSERT + _xid(m.xid) + _pack(">Ic", m.relation_id, b"N") + encode_tuple(m.new)
 
 
 def _update(m: Update) -> bytes:
     return (
-        b"U" + _xid(m.xid) + _pack(">I", m.relation_id) + _before(m.key, m.old)
+        _UPDATE + _xid(m.xid) + _pack(">I", m.relation_id) + _before(m.key, m.old)
         + b"N" + encode_tuple(m.new)
     )
 
@@ -126,38 +148,38 @@ def _delete(m: Delete) -> bytes:
     before = _before(m.key, m.old)
     if not before:
         raise ValueError("a Delete needs an old key or an old tuple")
-    return b"D" + _xid(m.xid) + _pack(">I", m.relation_id) + before
+    return _DELETE + _xid(m.xid) + _pack(">I", m.relation_id) + before
 
 
 def _truncate(m: Truncate) -> bytes:
     flags = (1 if m.cascade else 0) | (2 if m.restart_identity else 0)
     n = len(m.relation_ids)
-    return b"T" + _xid(m.xid) + _pack(f">IB{n}I", n, flags, *m.relation_ids)
+    return _TRUNCATE + _xid(m.xid) + _pack(f">IB{n}I", n, flags, *m.relation_ids)
 
 
 def _message(m: LogicalMessage) -> bytes:
     return (
-        b"M" + _xid(m.xid) + _pack(">BQ", 1 if m.transactional else 0, m.lsn)
+        _MESSAGE + _xid(m.xid) + _pack(">BQ", 1 if m.transactional else 0, m.lsn)
         + _string(m.prefix) + _pack(">I", len(m.content)) + bytes(m.content)
     )
 
 
 def _stream_start(m: StreamStart) -> bytes:
-    return _pack(">cIB", b"S", m.xid, 1 if m.first_segment else 0)
+    return _pack(">cIB", _STREAM_START, m.xid, 1 if m.first_segment else 0)
 
 
 def _stream_stop(m: StreamStop) -> bytes:
-    return b"E"
+    return _STREAM_STOP
 
 
 def _stream_commit(m: StreamCommit) -> bytes:
     return _pack(
-        ">cIBQQq", b"c", m.xid, 0, m.commit_lsn, m.end_lsn, to_pg_micros(m.commit_time)
+        ">cIBQQq", _STREAM_COMMIT, m.xid, 0, m.commit_lsn, m.end_lsn, to_pg_micros(m.commit_time)
     )
 
 
 def _stream_abort(m: StreamAbort) -> bytes:
-    head = _pack(">cII", b"A", m.xid, m.subxid)
+    head = _pack(">cII", _STREAM_ABORT, m.xid, m.subxid)
     if m.abort_lsn is None and m.abort_time is None:
         return head
     if m.abort_lsn is None or m.abort_time is None:
@@ -177,7 +199,7 @@ def _prepare_like(tag: bytes, flags: bool, m: BeginPrepare | Prepare | CommitPre
 
 def _rollback_prepared(m: RollbackPrepared) -> bytes:
     return _pack(
-        ">cBQQqqI", b"r", 0, m.prepare_end_lsn, m.rollback_end_lsn,
+        ">cBQQqqI", _ROLLBACK_PREPARED, 0, m.prepare_end_lsn, m.rollback_end_lsn,
         to_pg_micros(m.prepare_time), to_pg_micros(m.rollback_time), m.xid,
     ) + _string(m.gid)
 
@@ -197,10 +219,10 @@ _ENCODERS: dict[type, Callable[[Any], bytes]] = {
     StreamStop: _stream_stop,
     StreamCommit: _stream_commit,
     StreamAbort: _stream_abort,
-    BeginPrepare: lambda m: _prepare_like(b"b", False, m),
-    Prepare: lambda m: _prepare_like(b"P", True, m),
-    CommitPrepared: lambda m: _prepare_like(b"K", True, m),
-    StreamPrepare: lambda m: _prepare_like(b"p", True, m),
+    BeginPrepare: lambda m: _prepare_like(_BEGIN_PREPARE, False, m),
+    Prepare: lambda m: _prepare_like(_PREPARE, True, m),
+    CommitPrepared: lambda m: _prepare_like(_COMMIT_PREPARED, True, m),
+    StreamPrepare: lambda m: _prepare_like(_STREAM_PREPARE, True, m),
     RollbackPrepared: _rollback_prepared,
 }
 

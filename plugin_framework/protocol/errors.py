@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from plugin_framework.protocol.tags import MessageTag
+
 
 class ProtocolError(ValueError):
     """A message that does not follow the logical replication protocol.
 
     ``offset`` is the byte offset in the message where decoding failed; ``message_type`` is the
-    message's type byte as a one-character string, when it was read.
+    message's type byte as a one-character string, when it was read (``tag`` is it as a
+    MessageTag, for pgoutput's messages).
     """
 
     def __init__(self, reason: str, offset: int, message_type: str | None = None) -> None:
@@ -16,6 +19,16 @@ class ProtocolError(ValueError):
         self.message_type = message_type
         where = f"{_MESSAGE_NAMES.get(message_type, 'message')}" if message_type else "message"
         super().__init__(f"malformed {where} at byte {offset}: {reason}")
+
+    @property
+    def tag(self) -> MessageTag | None:
+        """The pgoutput message the error is about, when it is one."""
+        if self.message_type is None or len(self.message_type) != 1:
+            return None
+        try:
+            return MessageTag(ord(self.message_type))
+        except ValueError:
+            return None
 
 
 class TruncatedMessageError(ProtocolError):
@@ -34,26 +47,10 @@ class UnexpectedMessageError(ProtocolError):
     """A valid message where the protocol state or version does not allow it."""
 
 
+# The prose name of each message by its type byte: pgoutput's, and the replication protocol's
+# own CopyData messages that carry them.
 _MESSAGE_NAMES = {
-    "B": "Begin message",
-    "M": "Message message",
-    "C": "Commit message",
-    "O": "Origin message",
-    "R": "Relation message",
-    "Y": "Type message",
-    "I": "Insert message",
-    "U": "Update message",
-    "D": "Delete message",
-    "T": "Truncate message",
-    "S": "Stream Start message",
-    "E": "Stream Stop message",
-    "c": "Stream Commit message",
-    "A": "Stream Abort message",
-    "b": "Begin Prepare message",
-    "P": "Prepare message",
-    "K": "Commit Prepared message",
-    "r": "Rollback Prepared message",
-    "p": "Stream Prepare message",
+    **{tag.char: f"{tag.title} message" for tag in MessageTag},
     "w": "XLogData message",
     "k": "Primary keepalive message",
 }

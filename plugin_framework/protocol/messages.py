@@ -11,12 +11,13 @@ from datetime import datetime
 from typing import Final, Literal, TypeAlias
 
 from plugin_framework.protocol.lsn import LSN
+from plugin_framework.protocol.tags import TupleKind
 
-# Column kinds in TupleData, as their byte values.
-KIND_NULL: Final = 0x6E  # 'n'
-KIND_UNCHANGED_TOAST: Final = 0x75  # 'u'
-KIND_TEXT: Final = 0x74  # 't'
-KIND_BINARY: Final = 0x62  # 'b'
+# Column kinds in TupleData, as their byte values (plain ints: the hot paths compare with ==).
+KIND_NULL: Final = int(TupleKind.NULL)  # 'n'
+KIND_UNCHANGED_TOAST: Final = int(TupleKind.UNCHANGED_TOAST)  # 'u'
+KIND_TEXT: Final = int(TupleKind.TEXT)  # 't'
+KIND_BINARY: Final = int(TupleKind.BINARY)  # 'b'
 
 # Replica identity settings (pg_class.relreplident).
 REPLICA_IDENTITY_DEFAULT: Final = "d"
