@@ -181,7 +181,8 @@ class Wal:
         return self._row(name, [key] + [None] * (len(self.columns[name]) - 1))
 
     def _ops(self, xid: int, ops: Iterable[Op], stream: int | None,
-             expected: list[tuple[int | None, Event]]) -> tuple[list[tuple[Message, LSN]], list[Op]]:
+             expected: list[tuple[int | None, Event]],
+             ) -> tuple[list[tuple[Message, LSN]], list[Op]]:
         """The messages of ``ops`` (after the transaction's Begin or a Stream Start), and the
         non-transactional messages among them (sent before, when outside a stream)."""
         out: list[tuple[Message, LSN]] = []
