@@ -594,4 +594,4 @@ def _unknown_type(byte: int, proto_version: int) -> ProtocolError:
             f"this stream speaks version {proto_version}",
             0, tag.char,
         )
-    return UnknownMessageTypeError(f"unknown message type {_show(byte)}", 0, chr(byte))
+    return UnknownMessageTypeError(f"unknown message type {_show(byte)}", 0)
