@@ -20,9 +20,10 @@ import ast
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from recorders import Event
+from recorders import Event, Recorder, StreamRecorder, StreamTwoPhaseRecorder, TwoPhaseRecorder
 
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.protocol import (
@@ -411,3 +412,105 @@ def feed(p: Pipeline, items: Iterable[Item]) -> Pipeline:
     for data, lsn in items:
         p.feed(data, lsn)
     return p
+
+
+def file_events(path: Path) -> list[Event]:
+    """The events a recorder wrote to a FileOutput."""
+    return [ast.literal_eval(line) for line in path.read_text().splitlines()]
+
+
+def run(items: list[Item], *plugins: OutputPlugin, **kwargs: Any) -> list[list[Event]]:
+    """Each plugin's events after a pipeline of ``plugins`` is fed ``items``."""
+    p, outs = pipeline(*plugins, **kwargs)
+    feed(p, items)
+    return [events(o) for o in outs]
+
+
+def changes_of(evs: list[Event]) -> list[Event]:
+    return [e for e in evs if e[0] == "change"]
+
+
+def spilled(p: Pipeline) -> int:
+    """Bytes the pipeline's spools wrote to disk (the one look at the reorder internals)."""
+    return int(p.budget.spilled_bytes)
+
+
+# --- the recorders, writing to their outputs ---------------------------------------------------
+
+
+class OriginFilter(Recorder):
+    name = "origin-filter"
+
+    def filter_by_origin(self, ctx: Any, origin: str) -> bool:
+        return origin == "upstream"
+
+
+class StreamOriginFilter(StreamRecorder, OriginFilter):
+    name = "stream-origin-filter"
+
+
+class TwoPhaseOriginFilter(TwoPhaseRecorder, OriginFilter):
+    name = "2pc-origin-filter"
+
+
+class FinalLsnRecorder(TwoPhaseRecorder):
+    def commit_prepared(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
+        self.events.append(("commit_prepared", txn.gid, int(txn.final_lsn), int(commit_lsn)))
+
+
+class Minimal(OutputPlugin):
+    """Only the required callbacks: TRUNCATE and messages are skipped for it, as in C."""
+
+    name = "minimal"
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        self.ctx = ctx
+
+    def begin(self, ctx: Any, txn: Any) -> None:
+        ctx.emit(repr(("begin", txn.xid)))
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        ctx.emit(repr(("change", relation.name, str(change.action))))
+
+    def commit(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
+        ctx.emit(repr(("commit", txn.xid)))
+
+
+class OriginRecorder(Recorder):
+    name = "origin-recorder"
+
+    def begin(self, ctx: Any, txn: Any) -> None:
+        self.events.append(("begin", txn.xid, txn.origin))
+
+
+class StreamWithoutOptional(StreamRecorder):
+    """stream_message and stream_truncate are optional: without them those are skipped in
+    streamed transactions (stream_message_cb_wrapper returns when the callback is NULL)."""
+
+    name = "stream-without-optional"
+    stream_message = None  # type: ignore[assignment]
+    stream_truncate = None  # type: ignore[assignment]
+
+
+class StreamingOff(StreamRecorder):
+    """Clears ctx.streaming in startup (ctx->streaming &= false): reassembled transactions."""
+
+    name = "streaming-off"
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        super().startup(ctx, options, is_init)
+        ctx.streaming = False
+
+
+class TwoPhaseOff(TwoPhaseRecorder):
+    name = "two-phase-off"
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        super().startup(ctx, options, is_init)
+        ctx.twophase = False
+
+
+Rec = emitting(Recorder)
+StreamRec = emitting(StreamRecorder)
+TwoPhaseRec = emitting(TwoPhaseRecorder)
+StreamTwoPhaseRec = emitting(StreamTwoPhaseRecorder)

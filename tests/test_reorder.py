@@ -7,12 +7,12 @@ with stream callbacks gets the blocks as sent, one without gets the transaction 
 Stream Commit with aborted subtransactions left out; a two-phase plugin gets a prepared
 transaction at PREPARE (unless filter_prepare says no), the others at COMMIT PREPARED and
 nothing at ROLLBACK PREPARED; non-transactional messages at once. The cases of
-tests/test_delivery_edges.py are reproduced here first, in the same order.
+tests/test_delivery_edges.py are reproduced here first, in the same order. Re-sends, spills
+and restarts of every kind of transaction at once: tests/test_reorder_recovery.py.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
@@ -21,53 +21,42 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recorders import (
     Event,
-    Recorder,
-    StreamRecorder,
-    StreamTwoPhaseRecorder,
-    TwoPhaseRecorder,
     apply_streams,
     apply_two_phase,
 )
 from scripted import (
-    Item,
+    FinalLsnRecorder,
+    Minimal,
+    OriginFilter,
+    OriginRecorder,
+    Rec,
+    StreamingOff,
+    StreamOriginFilter,
+    StreamRec,
+    StreamTwoPhaseRec,
+    StreamWithoutOptional,
+    TwoPhaseOff,
+    TwoPhaseOriginFilter,
+    TwoPhaseRec,
     Wal,
     alter,
+    changes_of,
     dele,
     emitting,
     events,
     feed,
+    file_events,
     ins,
     msg,
     nontx,
     pipeline,
+    run,
+    spilled,
     trunc,
     upd,
 )
 
-from plugin_framework import LSN, FileOutput, OutputPlugin, Pipeline, PipelineError
-
-Rec = emitting(Recorder)
-StreamRec = emitting(StreamRecorder)
-TwoPhaseRec = emitting(TwoPhaseRecorder)
-StreamTwoPhaseRec = emitting(StreamTwoPhaseRecorder)
-ALL_KINDS = (Rec, StreamRec, TwoPhaseRec, StreamTwoPhaseRec)
-
-
-def changes_of(evs: list[Event]) -> list[Event]:
-    return [e for e in evs if e[0] == "change"]
-
-
-def run(items: list[Item], *plugins: OutputPlugin, **kwargs: Any) -> list[list[Event]]:
-    """Each plugin's events after a pipeline of ``plugins`` is fed ``items``."""
-    p, outs = pipeline(*plugins, **kwargs)
-    feed(p, items)
-    return [events(o) for o in outs]
-
-
-def spilled(p: Pipeline) -> int:
-    """Bytes the pipeline's spools wrote to disk (the one look at the reorder internals)."""
-    return int(p.budget.spilled_bytes)
-
+from plugin_framework import LSN, FileOutput, Pipeline, PipelineError
 
 # --- the cases of tests/test_delivery_edges.py -----------------------------------------------
 
@@ -158,11 +147,6 @@ def test_streamed_prepared_transaction_that_alters_its_table_replays_each_row_as
         assert spilled(p) > 0
 
 
-class FinalLsnRecorder(TwoPhaseRecorder):
-    def commit_prepared(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
-        self.events.append(("commit_prepared", txn.gid, int(txn.final_lsn), int(commit_lsn)))
-
-
 def test_commit_prepared_gets_the_commit_as_final_lsn() -> None:
     """txn->final_lsn is the COMMIT PREPARED record's LSN there (ReorderBufferFinishPrepared),
     not the PREPARE's."""
@@ -207,10 +191,6 @@ def test_commit_of_a_transaction_prepared_before_this_pipeline_is_refused_for_ot
     assert alone == [("commit_prepared", 740, "done", int(cp))]
 
 
-def _file_events(path: Path) -> list[Event]:
-    return [ast.literal_eval(line) for line in path.read_text().splitlines()]
-
-
 def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(tmp_path: Path) -> None:
     """Run 1 holds a prepared transaction for an ordinary plugin and acknowledges only up to
     its PREPARE, while its file is durable past a later commit. Run 2 resumes that file; the
@@ -242,7 +222,7 @@ def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(tmp_path: Pa
     feed(second, wal.items[-1:])
     second.flush()
     # 751 committed first; 750 reaches the ordinary plugin at COMMIT PREPARED, once.
-    assert _file_events(path) == [*wal.ordinary(751, c2), *wal.ordinary(750, cp)]
+    assert file_events(path) == [*wal.ordinary(751, c2), *wal.ordinary(750, cp)]
 
 
 def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kept_once() -> None:
@@ -320,24 +300,6 @@ def test_aborted_stream() -> None:
     ordinary, streamer = run(wal.items, Rec(), StreamRec())
     assert ordinary == wal.ordinary(920, c)
     assert streamer == [*s1, *s2, ("stream_abort", 910, 910), *wal.ordinary(920, c)]
-
-
-class Minimal(OutputPlugin):
-    """Only the required callbacks: TRUNCATE and messages are skipped for it, as in C."""
-
-    name = "minimal"
-
-    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
-        self.ctx = ctx
-
-    def begin(self, ctx: Any, txn: Any) -> None:
-        ctx.emit(repr(("begin", txn.xid)))
-
-    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
-        ctx.emit(repr(("change", relation.name, str(change.action))))
-
-    def commit(self, ctx: Any, txn: Any, commit_lsn: Any) -> None:
-        ctx.emit(repr(("commit", txn.xid)))
 
 
 def test_truncate_and_messages_in_a_stream() -> None:
@@ -518,28 +480,6 @@ def test_streamed_prepared_transactions_by_kind_of_plugin() -> None:
 # --- origins, descriptions, TRUNCATE, messages -------------------------------------------------
 
 
-class OriginFilter(Recorder):
-    name = "origin-filter"
-
-    def filter_by_origin(self, ctx: Any, origin: str) -> bool:
-        return origin == "upstream"
-
-
-class StreamOriginFilter(StreamRecorder, OriginFilter):
-    name = "stream-origin-filter"
-
-
-class TwoPhaseOriginFilter(TwoPhaseRecorder, OriginFilter):
-    name = "2pc-origin-filter"
-
-
-class OriginRecorder(Recorder):
-    name = "origin-recorder"
-
-    def begin(self, ctx: Any, txn: Any) -> None:
-        self.events.append(("begin", txn.xid, txn.origin))
-
-
 def test_filter_by_origin_skips_whole_transactions_for_the_plugin_that_asks() -> None:
     wal = Wal()
     wal.table("t", "id")
@@ -601,181 +541,7 @@ def test_truncate_and_transactional_messages() -> None:
     assert minimal == [("begin", 1400), ("change", "t", "INSERT"), ("commit", 1400)]
 
 
-# --- everything at once: re-sends, spills, restarts ---------------------------------------------
-
-
-def big_script() -> Wal:
-    """Every kind of transaction and outcome, in one stream."""
-    wal = Wal()
-    wal.table("t", "id", "v")
-    wal.table("u", "id")
-    wal.nontx("start", b"0")
-    wal.txn(2000, ins("t", "1", "a"), upd("t", "1", "1", "b"), msg("p", b"m"), trunc("u"),
-            nontx("mid", b"1"))
-    wal.block(2010, ins("t", "2", "c"), ins("t", "3", "d", sub=2011))
-    wal.txn(2020, ins("u", "4"), origin="upstream")
-    wal.block(2010, ins("t", "5", None, sub=2012), msg("p", b"s"), trunc("u", sub=2012))
-    wal.stream_abort(2010, 2011)
-    wal.stream_commit(2010)
-    wal.prepared(2030, "p1", ins("t", "6", "e"))
-    wal.txn(2040, alter("u", "id", "w"), ins("u", "7", "f"))
-    wal.commit_prepared(2030, "p1")
-    wal.block(2050, ins("t", "8", "g"))
-    _, end = wal.stream_prepare(2050, "p2")
-    wal.rollback_prepared(2050, "p2", end)
-    _, end = wal.prepared(2060, "p3", dele("t", "6"))
-    wal.nontx("between", b"2")
-    wal.rollback_prepared(2060, "p3", end)
-    wal.block(2070, ins("t", "9", "h"))
-    wal.block(2080, ins("t", "10", "i"), origin="upstream")
-    wal.stream_abort(2070)
-    wal.block(2080, upd("t", "10", "10", "j", sub=2081))
-    wal.stream_prepare(2080, "p4")
-    wal.txn(2090, dele("t", "2"))
-    wal.commit_prepared(2080, "p4")
-    return wal
-
-
-BIG = big_script()
-
-
-def big_plugins() -> list[OutputPlugin]:
-    return [Rec(), StreamRec(), TwoPhaseRec(), StreamTwoPhaseRec(),
-            TwoPhaseRec(filter_gids=("p1", "p4")), StreamTwoPhaseRec(filter_gids=("p2",)),
-            emitting(StreamOriginFilter)()]
-
-
-def as_ordinary(evs: list[Event]) -> list[Event]:
-    """What a plugin without stream or two-phase callbacks should have seen."""
-    return apply_two_phase(apply_streams(evs))
-
-
-BIG_BASELINE = run(BIG.items, *big_plugins())
-
-
-def test_every_kind_of_plugin_sees_the_same_committed_transactions() -> None:
-    ordinary = BIG_BASELINE[0]
-    for evs in BIG_BASELINE[1:-1]:
-        assert as_ordinary(evs) == ordinary
-    assert [e[1] for e in ordinary if e[0] == "begin"] == [2000, 2020, 2010, 2040, 2030, 2090,
-                                                           2080]
-    filtered = as_ordinary(BIG_BASELINE[-1])  # 2020 and 2080 come from "upstream"
-    assert [e[1] for e in filtered if e[0] == "begin"] == [2000, 2010, 2040, 2030, 2090]
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(1, 6000))
-def test_any_memory_limit_gives_the_same_output(memory_limit: int) -> None:
-    p, outs = pipeline(*big_plugins(), memory_limit=memory_limit)
-    feed(p, BIG.items)
-    assert [events(o) for o in outs] == BIG_BASELINE
-    if memory_limit < 100:
-        assert spilled(p) > 0
-
-
-def normalized(evs: list[Event]) -> list[Event]:
-    """Stream blocks taken back by a stream_abort after a reconnect leave no trace here."""
-    return apply_streams(evs)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, len(BIG.items)), max_size=3))
-def test_a_reconnect_anywhere_delivers_everything_once(cuts: list[int]) -> None:
-    """The connection is lost after ``cut`` messages (Pipeline.reset) and the server sends
-    again from the slot's start: what is delivered already is skipped, a transaction cut short
-    is taken back from the output and delivered whole, streams cut short are aborted."""
-    p, outs = pipeline(*big_plugins())
-    for cut in cuts:
-        feed(p, BIG.items[:cut])
-        p.reset()
-    feed(p, BIG.items)
-    got = [events(o) for o in outs]
-    for i, (evs, expected) in enumerate(zip(got, BIG_BASELINE, strict=True)):
-        if i in (0, 2, 4):  # no stream callbacks: nothing to abort, so nothing to normalize
-            assert evs == expected
-        else:
-            assert normalized(evs) == normalized(expected)
-
-
-def test_a_prepare_sent_again_is_skipped_by_every_plugin() -> None:
-    wal = Wal()
-    wal.table("t", "id")
-    wal.prepared(2100, "twice", ins("t", "1"))
-    sent = list(wal.items)
-    cp, _ = wal.commit_prepared(2100, "twice")
-    p, outs = pipeline(Rec(), TwoPhaseRec())
-    feed(p, sent)
-    p.reset()
-    feed(p, wal.items)
-    ordinary, two_phase = (events(o) for o in outs)
-    assert ordinary == wal.ordinary(2100, cp)
-    assert two_phase == [("begin_prepare", 2100, "twice"), *wal.changes(2100),
-                         ("prepare", 2100, "twice"), ("commit_prepared", 2100, "twice", int(cp))]
-
-
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(0, len(BIG.items)))
-def test_a_restart_from_the_files_delivers_everything_once(tmp_path: Path, crash: int) -> None:
-    """Files flushed after every message; the process dies after ``crash`` messages and a new
-    one resumes the files while the server sends again from the slot's start."""
-    directory = tmp_path / f"crash-{crash}"
-    directory.mkdir(exist_ok=True)
-    for f in directory.iterdir():
-        f.unlink()
-    paths = [directory / f"out{i}" for i in range(len(BIG_BASELINE))]
-
-    def start() -> Pipeline:
-        p = Pipeline(proto_version=4)
-        for plugin, path in zip(big_plugins(), paths, strict=True):
-            p.add(plugin, output=FileOutput(str(path)))
-        p.startup()
-        return p
-
-    first = start()
-    for data, lsn in BIG.items[:crash]:
-        first.feed(data, lsn)
-        first.flush()
-    second = start()  # (the first one is never shut down: it died)
-    for data, lsn in BIG.items:
-        second.feed(data, lsn)
-        second.flush()
-    for i, (path, expected) in enumerate(zip(paths, BIG_BASELINE, strict=True)):
-        evs = _file_events(path)
-        if i in (0, 2, 4):
-            assert evs == expected
-        else:
-            assert normalized(evs) == normalized(expected)
-
-
 # --- optional callbacks, and capabilities a plugin turns off ----------------------------------
-
-
-class StreamWithoutOptional(StreamRecorder):
-    """stream_message and stream_truncate are optional: without them those are skipped in
-    streamed transactions (stream_message_cb_wrapper returns when the callback is NULL)."""
-
-    name = "stream-without-optional"
-    stream_message = None  # type: ignore[assignment]
-    stream_truncate = None  # type: ignore[assignment]
-
-
-class StreamingOff(StreamRecorder):
-    """Clears ctx.streaming in startup (ctx->streaming &= false): reassembled transactions."""
-
-    name = "streaming-off"
-
-    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
-        super().startup(ctx, options, is_init)
-        ctx.streaming = False
-
-
-class TwoPhaseOff(TwoPhaseRecorder):
-    name = "two-phase-off"
-
-    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
-        super().startup(ctx, options, is_init)
-        ctx.twophase = False
 
 
 def test_optional_stream_callbacks_and_capabilities_turned_off() -> None:
