@@ -2,7 +2,7 @@
  * emitters._jsonrow: the json emitter's line for one pgoutput Insert, Update or Delete
  * message, built straight from the message's bytes.
  *
- * This is the json emitter's fast path (see "Speed" in emitters/json.py and
+ * This is the json emitter's fast path (see "Speed" in emitters/json/__init__.py and
  * docs/performance.md). A RowFormat is made once per relation description; its line() takes
  * a raw, non-streamed row-change message and returns exactly the bytes the emitter's Python
  * change callback would write for it, or None when it does not handle that message. None is
