@@ -2,7 +2,7 @@
  * emitters._jsonrow: the json emitter's line for one pgoutput Insert, Update or Delete
  * message, built straight from the message's bytes.
  *
- * This is the json emitter's fast path (see "Speed" in emitters/json.py and
+ * This is the json emitter's fast path (see "Speed" in emitters/json/__init__.py and
  * docs/performance.md). A RowFormat is made once per relation description; its line() takes
  * a raw, non-streamed row-change message and returns exactly the bytes the emitter's Python
  * change callback would write for it, or None when it does not handle that message. None is
@@ -24,20 +24,21 @@
 
 #include "pgoutput_tags.h" /* generated from plugin_framework/protocol/tags.py */
 
-/* How a column's text becomes its JSON value: one code per Python converter of
- * emitters/json.py (TypeConverters.text), which this module exports by these names. */
+/* How a column's text becomes its JSON value: one code per text converter that declares it
+ * in plugin_framework/pgtypes/converters.py (NATIVE_KIND, by these names, which this module
+ * exports); tests/test_json_native.py holds each code to its converter. */
 enum {
     C_PYCALL,       /* any other converter: call it, then orjson.dumps the result */
-    C_VERBATIM,     /* the text is the JSON value (integers, jsonb): orjson.Fragment */
+    C_VERBATIM,     /* orjson.Fragment: the text is the JSON value (integers, jsonb) */
     C_STRING,       /* bytes.decode: a JSON string */
-    C_FLOAT,        /* _t_float: finite values verbatim, NaN and infinities as strings */
-    C_BOOL,         /* _t_bool: "t" / "f" */
-    C_JSON,         /* _t_json: verbatim, line breaks as spaces */
-    C_TIMESTAMP,    /* _t_timestamp: ISO 8601 ("T" between date and time) */
-    C_TIMESTAMPTZ,  /* _t_timestamptz: the same, with a "+hh" offset as "+hh:00" */
-    C_ARRAY_TEXT,   /* psycopg's text[] loader: nested lists of strings */
-    C_ARRAY_INT,    /* psycopg's bigint[] loader: nested lists of integers */
-    C_ARRAY_BOOL,   /* psycopg's boolean[] loader: nested lists of booleans */
+    C_FLOAT,        /* t_float: finite values verbatim, NaN and infinities as strings */
+    C_BOOL,         /* t_bool: "t" / "f" */
+    C_JSON,         /* t_json: verbatim, line breaks as spaces */
+    C_TIMESTAMP,    /* t_timestamp: ISO 8601 ("T" between date and time) */
+    C_TIMESTAMPTZ,  /* t_timestamptz: the same, with a "+hh" offset as "+hh:00" */
+    C_ARRAY_TEXT,   /* TEXT_ARRAY, psycopg's text[] loader: nested lists of strings */
+    C_ARRAY_INT,    /* INTEGER_ARRAY, psycopg's bigint[] loader: nested lists of integers */
+    C_ARRAY_BOOL,   /* BOOL_ARRAY, psycopg's boolean[] loader: nested lists of booleans */
     C_CODES
 };
 

@@ -75,7 +75,6 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from emitters.options import Option, parse_bool, parse_options
-from emitters.pgformat import timestamptz_to_str
 from plugin_framework import (
     LSN,
     Action,
@@ -87,10 +86,12 @@ from plugin_framework import (
     Transaction,
     TruncateChange,
 )
-from plugin_framework.framework.format_type import (
+from plugin_framework.pgtypes import (
     VERSIONED_KEYWORDS,
     format_type_be,
     quote_identifier,
+    quote_literal,
+    timestamptz_to_str,
 )
 from plugin_framework.protocol import TupleData
 
@@ -135,15 +136,6 @@ OPTIONS: Final = (
     Option("stream-changes", False, _bool_valueless_ignored,
            "print in-progress transactions block by block, as the server streams them"),
 )
-
-
-# --- PostgreSQL's text helpers ------------------------------------------------------------------
-
-def quote_literal(text: str) -> str:
-    """quote_literal_cstr: quotes and backslashes doubled, and an E prefix when there is a
-    backslash."""
-    quoted = "'" + text.replace("'", "''").replace("\\", "\\\\") + "'"
-    return "E" + quoted if "\\" in text else quoted
 
 
 # --- relations ----------------------------------------------------------------------------------

@@ -25,12 +25,12 @@ from zoneinfo import ZoneInfo
 import orjson
 
 from emitters.options import Option, OptionError, parse_bool, parse_options
-from emitters.pgformat import timestamptz_to_str
 from plugin_framework import LSN, Action, OutputPlugin
 from plugin_framework.framework.context import LogicalDecodingContext, OutputType
-from plugin_framework.framework.format_type import _TYPNAMES, format_type_sql
 from plugin_framework.framework.model import Relation, Row, Transaction, TruncateChange
 from plugin_framework.framework.spool import Spool, SpoolBudget
+from plugin_framework.pgtypes import TYPNAMES as _TYPNAMES
+from plugin_framework.pgtypes import format_type_sql, timestamptz_to_str
 from plugin_framework.protocol import KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 
 __all__ = ["OPTIONS", "Wal2JsonEmitter"]

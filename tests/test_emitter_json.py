@@ -28,18 +28,11 @@ from psycopg.adapt import Loader
 from recorders import counting_fast_change
 from workload import Facts, create_schema, run_workload
 
-from emitters.json import (
-    INT4,
-    JSONB,
-    NUMERIC,
-    JsonEmitter,
-    TypeConverters,
-    iso_interval,
-    parse_array_text,
-    pg_float8_text,
-)
+from emitters.json import JsonEmitter
 from plugin_framework import MemoryOutput, Pipeline
 from plugin_framework.framework import CallbackError, Catalog
+from plugin_framework.pgtypes import TypeConverters, iso_interval, parse_array_text, pg_float8_text
+from plugin_framework.pgtypes.oids import INT4, JSONB, NUMERIC
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
 VALIDATOR = Draft202012Validator(SCHEMA)

@@ -23,7 +23,6 @@ from capture import Captured, peek, pgoutput_options
 from parity_workload import ParitySlots, has_wal2json, run_parity_workload, setup_parity
 
 from emitters.options import OptionError
-from emitters.pgformat import timestamptz_to_str
 from emitters.wal2json import (
     ALL_TABLES,
     SelectTable,
@@ -32,6 +31,7 @@ from emitters.wal2json import (
 )
 from plugin_framework import CallbackError, MemoryOutput, Pipeline
 from plugin_framework.framework import Catalog
+from plugin_framework.pgtypes import timestamptz_to_str
 
 # --- the workload ----------------------------------------------------------------------------
 

@@ -11,17 +11,18 @@ import pglast
 import pytest
 from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 
-from plugin_framework.framework.format_type import (
-    _ARRAY_ELEMENTS,
+from plugin_framework.pgtypes.format_type import (
     _FIXED_NAMES,
-    _NEWEST,
-    _QUOTED_KEYWORDS,
-    _QUOTED_SINCE,
-    _TYPNAMES,
-    VERSIONED_KEYWORDS,
     format_type,
     format_type_be,
     format_type_sql,
+)
+from plugin_framework.pgtypes.oids import ARRAY_ELEMENTS, TYPNAMES
+from plugin_framework.pgtypes.quote import (
+    _NEWEST,
+    _QUOTED_KEYWORDS,
+    _QUOTED_SINCE,
+    VERSIONED_KEYWORDS,
     quote_identifier,
 )
 from plugin_framework.protocol import Decoder, Relation, Type
@@ -132,7 +133,7 @@ def test_versioned_keywords_against_pglast() -> None:
 def test_builtin_type_names_do_not_depend_on_the_version() -> None:
     # Which is why format_type's built-in path takes no server version (json, the one that
     # would, is printed under its fixed name).
-    for oid, name in _TYPNAMES.items():
+    for oid, name in TYPNAMES.items():
         if oid in _FIXED_NAMES:
             continue
         quoted = {quote_identifier(name, v) for v in (150000, 160000, 170000, 180000, None)}
@@ -173,8 +174,8 @@ def test_type_names() -> None:
 
 
 def test_table_is_consistent() -> None:
-    for array, element in _ARRAY_ELEMENTS.items():
-        assert _TYPNAMES[array] == "_" + _TYPNAMES[element]
+    for array, element in ARRAY_ELEMENTS.items():
+        assert TYPNAMES[array] == "_" + TYPNAMES[element]
 
 
 # --- against a server ----------------------------------------------------------------------
@@ -210,11 +211,11 @@ def test_every_catalog_type(db: Any) -> None:
     )
     assert len(rows) > 400
     fixed = {r[0] for r in rows if r[0] < 10000}
-    assert fixed == set(_TYPNAMES), "the built-in table differs from the server's pg_type"
+    assert fixed == set(TYPNAMES), "the built-in table differs from the server's pg_type"
     for oid, typname, is_array, sql_null, sql_minus_one in rows:
         if oid < 10000:
-            assert _TYPNAMES[oid] == typname
-            assert (oid in _ARRAY_ELEMENTS) == is_array, typname
+            assert TYPNAMES[oid] == typname
+            assert (oid in ARRAY_ELEMENTS) == is_array, typname
             assert format_type(oid) == sql_null, typname
             assert format_type(oid, -1) == sql_null, typname
             assert format_type_be(oid) == sql_null, typname
@@ -273,7 +274,7 @@ def test_typmod_sweep(db: Any) -> None:
     """Every typmod-taking type and its array, under typmods real and made up (invalid interval
     ranges must fail as the server fails)."""
     oids = [1042, 1043, 1560, 1562, 1700, 1083, 1266, 1114, 1184, 1186, 25, 18, 16, 23, 2276]
-    oids += [a for a, e in _ARRAY_ELEMENTS.items() if e in oids]
+    oids += [a for a, e in ARRAY_ELEMENTS.items() if e in oids]
     typmods: list[int | None] = [None, -1, -7, 0, 1, 3, 4, 5, 6, 14, 0xFFFF, 0x7FFFFFFF]
     masks = [2, 4, 8, 1024, 2048, 4096, 6, 8 | 1024, 8 | 1024 | 2048, 8 | 1024 | 2048 | 4096,
              1024 | 2048, 1024 | 2048 | 4096, 2048 | 4096, 0x7FFF, 1, 0, 8 | 4096]

@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from recorders import counting_fast_change
 
 from emitters.json import JsonEmitter
+from emitters.json.fast import native_code
 from plugin_framework import LSN
 from plugin_framework.framework import MemoryOutput, Pipeline
 from plugin_framework.framework.dispatcher import CallbackError
+from plugin_framework.pgtypes import NATIVE_KIND, TypeConverters
 from plugin_framework.protocol import (
     Begin,
     Commit,
@@ -290,6 +292,54 @@ def test_array_shapes(raw: bytes) -> None:
     fast = Run(messages, True, {})
     reference = Run(messages, False, {})
     assert (fast.error, fast.lines) == (reference.error, reference.lines)
+
+
+# --- each native code against the converter that declares it -----------------------------------
+
+OPTION_SETS: list[dict[str, str | None]] = [{}, {"numeric-as": "number"}, {"bytea": "base64"}]
+
+
+def _selected_by(conv: Any) -> list[tuple[int, dict[str, str | None]]]:
+    """The (type, options) drawn here whose column converter is ``conv``."""
+    return [(t, options) for options in OPTION_SETS for t in TYPES
+            if TypeConverters(numeric_as=options.get("numeric-as") or "string",
+                              bytea=options.get("bytea") or "hex").text(t) == conv]
+
+
+def test_every_c_code_is_declared_by_one_converter() -> None:
+    """The C module's codes and pgtypes' declarations name the same conversions: none is
+    declared twice, none the C code has is left undeclared (then unused), none declared is
+    missing from the C code."""
+    from emitters import _jsonrow
+
+    codes = {name for name in dir(_jsonrow)
+             if name.isupper() and isinstance(getattr(_jsonrow, name), int)}
+    declared = list(NATIVE_KIND.values())
+    assert len(declared) == len(set(declared))
+    assert set(declared) == codes - {"PYCALL"}
+    for conv, name in NATIVE_KIND.items():
+        assert native_code(conv) == getattr(_jsonrow, name)
+
+
+@pytest.mark.parametrize("conv", list(NATIVE_KIND), ids=list(NATIVE_KIND.values()))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_each_native_code_writes_what_its_converter_does(conv: Any, data: st.DataObject) -> None:
+    """Every converter that declares a native code, against the C code it declares, on the
+    values the server writes for the types that use it and on text it never writes."""
+    selected = _selected_by(conv)
+    assert selected, f"no type drawn here converts by {NATIVE_KIND[conv]}: add one to SERVER"
+    t, options = data.draw(st.sampled_from(selected))
+    relation = Relation(16400, "public", "t", "d", (RelationColumn(True, "v", t, -1),))
+    values = data.draw(st.lists(VALUES[t], min_size=1, max_size=4))
+    body = [Insert(16400, TupleData(b"t", (v,))) for v in values]
+    messages = transaction(relation, body)
+    fast = Run(messages, True, options)
+    reference = Run(messages, False, options)
+    assert (fast.error, fast.lines) == (reference.error, reference.lines)
+    assert not reference.used
+    if reference.error is None:
+        assert fast.used["fast"] + fast.used["declined"] == len(body)
 
 
 # --- where the pipeline uses a fast_change, and where not --------------------------------------

@@ -27,8 +27,9 @@ from plugin_framework.framework.rowfilter.expression import (
     parse_filter,
 )
 from plugin_framework.framework.rowfilter.functions import Infinity, to_float4
-from plugin_framework.framework.rowfilter.pgcatalog import FLOAT4, TypeCatalog
+from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.framework.rowfilter.tables import TableInfo, Tables
+from plugin_framework.pgtypes.oids import FLOAT4
 
 TABLE = """
 CREATE TABLE ev (id int PRIMARY KEY, a int, b bigint, s smallint, n numeric, f float8,

@@ -18,7 +18,7 @@ from psycopg.abc import Loader
 from psycopg.adapt import Transformer
 
 from plugin_framework._slots import new_object, slot_setters
-from plugin_framework.framework.format_type import format_type
+from plugin_framework.pgtypes import format_type
 from plugin_framework.protocol import (
     KIND_BINARY,
     KIND_NULL,

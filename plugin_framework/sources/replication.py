@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from plugin_framework.pgtypes import quote_ident_always as quote_ident
+from plugin_framework.pgtypes import quote_standard_literal as quote_literal
 from plugin_framework.protocol import (
     LSN,
     PrimaryKeepalive,
@@ -34,16 +36,6 @@ class ReplicationError(Exception):
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
-
-
-def quote_ident(name: str) -> str:
-    """A double-quoted identifier, as the replication command grammar reads it."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(value: str) -> str:
-    """A single-quoted string literal (the replication grammar has no E'' strings)."""
-    return "'" + value.replace("'", "''") + "'"
 
 
 def start_replication_command(slot: str, start_lsn: LSN, options: Mapping[str, str]) -> str:

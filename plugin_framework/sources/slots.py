@@ -7,8 +7,8 @@ from typing import Any
 
 import psycopg
 
+from plugin_framework.pgtypes import quote_ident_always as quote_ident
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.replication import quote_ident
 
 
 @dataclass(frozen=True)

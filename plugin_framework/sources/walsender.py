@@ -23,6 +23,8 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
+from plugin_framework.pgtypes import quote_ident_always as quote_ident
+from plugin_framework.pgtypes import quote_standard_literal as quote_literal
 from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData, decode_copy_data
 from plugin_framework.protocol.framing import (
     XLOGDATA_HEADER_SIZE,
@@ -36,12 +38,7 @@ from plugin_framework.sources.errors import (
     explain,
     invalidated_advice,
 )
-from plugin_framework.sources.replication import (
-    ReplicationError,
-    ReplicationStream,
-    quote_ident,
-    quote_literal,
-)
+from plugin_framework.sources.replication import ReplicationError, ReplicationStream
 from plugin_framework.sources.slots import create_replication_slot_command
 
 log = logging.getLogger("pgdecode.source")

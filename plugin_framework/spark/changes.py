@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from plugin_framework import LSN
+from plugin_framework.pgtypes import TypeConverters
 from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 
 if TYPE_CHECKING:
@@ -163,8 +164,6 @@ class PlanCache:
     """Per-relation plans, made once per Relation message (a new message, a new plan)."""
 
     def __init__(self, catalog: Any = None) -> None:
-        from emitters.json import TypeConverters  # the json emitter's typed values
-
         self.types = TypeConverters(catalog=catalog)
         self._plans: dict[int, _Plan] = {}
 

@@ -21,6 +21,16 @@ from pglast.stream import RawStream
 from plugin_framework.framework.rowfilter import nodes as n
 from plugin_framework.framework.rowfilter.errors import NotSupportedError, RowFilterError
 from plugin_framework.framework.rowfilter.pgcatalog import (
+    DEFAULT_COLLATION,
+    FIRST_NORMAL_OBJECT_ID,
+    POLYMORPHIC,
+    STRING_CATEGORY,
+    OperInfo,
+    ProcInfo,
+    TypeCatalog,
+)
+from plugin_framework.pgtypes import quote_ident_always as _quote_ident
+from plugin_framework.pgtypes.oids import (
     ANY,
     ANYARRAY,
     ANYCOMPATIBLE,
@@ -34,19 +44,12 @@ from plugin_framework.framework.rowfilter.pgcatalog import (
     ANYNONARRAY,
     ANYRANGE,
     BOOL,
-    DEFAULT_COLLATION,
-    FIRST_NORMAL_OBJECT_ID,
     INT4,
     INT8,
     NUMERIC,
-    POLYMORPHIC,
     RECORD,
-    STRING_CATEGORY,
     TEXT,
     UNKNOWN,
-    OperInfo,
-    ProcInfo,
-    TypeCatalog,
 )
 
 # Coercion contexts (CoercionContext) and paths (CoercionPathType).
@@ -1067,10 +1070,6 @@ def _items(value: Any) -> tuple[Any, ...]:
 def _loc(raw: Any) -> int:
     loc = getattr(raw, "location", None)
     return loc if isinstance(loc, int) else -1
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _has_columns(raw: Any) -> bool:

@@ -16,12 +16,8 @@ from plugin_framework.framework.rowfilter.errors import (
     RowFilterError,
 )
 from plugin_framework.framework.rowfilter.functions import IMPLS, Ctx, to_float4
-from plugin_framework.framework.rowfilter.pgcatalog import (
-    FLOAT4,
-    INTERVAL,
-    ProcInfo,
-    TypeCatalog,
-)
+from plugin_framework.framework.rowfilter.pgcatalog import ProcInfo, TypeCatalog
+from plugin_framework.pgtypes.oids import FLOAT4, INTERVAL
 
 Getter = Callable[[int], Any]  # column position -> value (None for NULL)
 

@@ -19,15 +19,13 @@ from plugin_framework.framework.rowfilter.analyze import Analyzer, render
 from plugin_framework.framework.rowfilter.errors import NotSupportedError, RowFilterError
 from plugin_framework.framework.rowfilter.evaluate import Compiled, Compiler
 from plugin_framework.framework.rowfilter.functions import Infinity
-from plugin_framework.framework.rowfilter.pgcatalog import UNKNOWN, TypeCatalog
+from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.framework.rowfilter.tables import TableInfo
+from plugin_framework.pgtypes import quote_ident_always as quote_ident
+from plugin_framework.pgtypes.oids import UNKNOWN
 
 _PREFIX = "CREATE PUBLICATION pgdecode_row_filter FOR TABLE "
 _transformer = Transformer()
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def qualified(schema: str, name: str) -> str:

@@ -21,7 +21,8 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any
 
 from plugin_framework.framework.rowfilter.errors import EvaluationError, NotSupportedError
-from plugin_framework.framework.rowfilter.pgcatalog import (
+from plugin_framework.framework.rowfilter.pgcatalog import CollationInfo, ProcInfo
+from plugin_framework.pgtypes.oids import (
     BOOL,
     BPCHAR,
     BYTEA,
@@ -42,8 +43,6 @@ from plugin_framework.framework.rowfilter.pgcatalog import (
     TIMESTAMPTZ,
     UUID,
     VARCHAR,
-    CollationInfo,
-    ProcInfo,
 )
 
 Fn = Callable[..., Any]

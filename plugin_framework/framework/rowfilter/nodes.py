@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugin_framework.framework.rowfilter.pgcatalog import BOOL, OperInfo, ProcInfo
+from plugin_framework.framework.rowfilter.pgcatalog import OperInfo, ProcInfo
+from plugin_framework.pgtypes.oids import BOOL
 
 
 @dataclass(eq=False)

@@ -27,6 +27,7 @@ from plugin_framework.framework.rowfilter.expression import (
 from plugin_framework.framework.rowfilter.functions import Infinity
 from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.framework.rowfilter.tables import TableInfo, Tables, table_from_relation
+from plugin_framework.pgtypes import quote_ident_always as _q
 from plugin_framework.protocol import (
     KIND_BINARY,
     KIND_TEXT,
@@ -120,10 +121,6 @@ def load_publication(catalog: TypeCatalog, name: str) -> PublicationSpec:
               for relid, s, t, qual, cols in rels]
     return PublicationSpec(name, publish, bool(viaroot), bool(alltables), schemas, tables,
                            from_catalog=True)
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass

@@ -1,0 +1,52 @@
+"""The glue to the json emitter's C fast path, emitters/_jsonrow.c.
+
+A column is formatted in C when its text converter declares a native code in
+``plugin_framework.pgtypes.NATIVE_KIND``; any other converter the C code calls. Nothing here
+looks at which Python function a converter is: a converter without a declaration is simply
+called, and tests/test_json_native.py holds each declared code equal to its converter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import orjson
+
+from plugin_framework.pgtypes import NATIVE_KIND, Converter
+
+try:
+    from emitters import _jsonrow
+except ImportError:  # installed without a C compiler: every line is formatted in Python
+    _jsonrow = None  # type: ignore[assignment]
+
+__all__ = ["FAST_PATH_BUILT", "native_code", "row_format"]
+
+FAST_PATH_BUILT: Final = _jsonrow is not None
+"""Whether the C module is built (``pip install`` compiles it where there is a compiler)."""
+
+_dumps: Final = orjson.dumps
+
+# Converter -> the C module's code for it (an unknown code name fails here, at import).
+_CODES: Final[dict[Converter, int]] = (
+    {} if _jsonrow is None
+    else {conv: getattr(_jsonrow, name) for conv, name in NATIVE_KIND.items()})
+
+
+def native_code(conv: Converter) -> int:
+    """How emitters._jsonrow converts a column whose text converter is ``conv``: by the code
+    the converter declares, else by calling ``conv`` (PYCALL)."""
+    assert _jsonrow is not None
+    return _CODES.get(conv, _jsonrow.PYCALL)
+
+
+def row_format(relation_id: int, heads: tuple[bytes, ...], names: Sequence[str],
+               converters: tuple[Converter, ...], key_idx: tuple[int, ...],
+               ) -> Callable[[bytes, int, Any], bytes | None] | None:
+    """The C formatter of one relation's row-change lines (its ``line(data, lsn, txn)``), or
+    None without the C module."""
+    if _jsonrow is None:
+        return None
+    return _jsonrow.RowFormat(
+        relation_id, heads, tuple(_dumps(name) for name in names),
+        bytes(native_code(conv) for conv in converters), converters, key_idx, _dumps).line
