@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from plugin_framework import __version__
 
 if TYPE_CHECKING:
-    from plugin_framework.framework.rowfilter import PublicationFilters
+    from plugin_framework.rowfilter import PublicationFilters
 
 
 class UsageError(Exception):
@@ -210,7 +210,7 @@ def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFi
     """The filters the row-filter options give (None without any), checked against the
     catalog now. ``conninfo`` None: no catalog (replay without -d), which is enough for
     column lists; what needs one is refused, saying to pass -d."""
-    from plugin_framework.framework.rowfilter import config_from_args
+    from plugin_framework.rowfilter import PublicationFilters, config_from_args
 
     cfg = config_from_args(args)
     if cfg is None:
@@ -225,7 +225,7 @@ def row_filters(args: argparse.Namespace, conninfo: str | None) -> PublicationFi
     from plugin_framework.sources.errors import explain
 
     try:
-        return cfg.build(conninfo)
+        return PublicationFilters.from_config(cfg, conninfo)
     except psycopg.Error as exc:  # the catalog connection: refused, bad password...
         raise explain(exc, conninfo or "") from None
 
@@ -637,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-format", choices=("text", "json"), default="text")
         p.add_argument("-v", "--verbose", action="store_true")
 
-    from plugin_framework.framework.rowfilter import add_cli_arguments
+    from plugin_framework.rowfilter import add_cli_arguments
 
     p = sub.add_parser("stream", help="stream a slot through emitters")
     connection_args(p)
@@ -796,8 +796,8 @@ def _is_user_facing(exc: Exception) -> bool:
         PluginLoadError,
     )
     from plugin_framework.framework.registry import EmitterNotFound
-    from plugin_framework.framework.rowfilter import RowFilterError
     from plugin_framework.protocol import ProtocolError
+    from plugin_framework.rowfilter import RowFilterError
     from plugin_framework.sources.capture import CaptureFormatError
     from plugin_framework.sources.errors import SourceError
 

@@ -20,8 +20,8 @@ from datetime import date, datetime, time, timedelta
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any
 
-from plugin_framework.framework.rowfilter.errors import EvaluationError, NotSupportedError
-from plugin_framework.framework.rowfilter.pgcatalog import (
+from plugin_framework.rowfilter.errors import EvaluationError, NotSupportedError
+from plugin_framework.rowfilter.pgcatalog import (
     BOOL,
     BPCHAR,
     BYTEA,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugin_framework.framework.rowfilter.pgcatalog import BOOL, OperInfo, ProcInfo
+from plugin_framework.rowfilter.pgcatalog import BOOL, OperInfo, ProcInfo
 
 
 @dataclass(eq=False)

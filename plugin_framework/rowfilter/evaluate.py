@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from plugin_framework.framework.rowfilter import nodes as n
-from plugin_framework.framework.rowfilter.errors import (
+import plugin_framework.rowfilter.nodes as n
+from plugin_framework.rowfilter.errors import (
     EvaluationError,
     NotSupportedError,
     RowFilterError,
 )
-from plugin_framework.framework.rowfilter.functions import IMPLS, Ctx, to_float4
-from plugin_framework.framework.rowfilter.pgcatalog import (
+from plugin_framework.rowfilter.functions import IMPLS, Ctx, to_float4
+from plugin_framework.rowfilter.pgcatalog import (
     FLOAT4,
     INTERVAL,
     ProcInfo,
