@@ -63,7 +63,7 @@ Runner = Callable[[Sequence[bytes]], int]
 
 def capture(bindir: Path, changes: int) -> tuple[list[bytes], str]:
     """Run the workload on a throwaway cluster; return the pgoutput messages and the version."""
-    from plugin_framework.sources.cluster import LocalCluster  # only needed with a server
+    from plugin_framework.cluster import LocalCluster  # only needed with a server
 
     # The cluster's default 64kB would spill every 1000-change transaction to disk while peeking.
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})

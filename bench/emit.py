@@ -52,7 +52,7 @@ Messages = Sequence[tuple[LSN, bytes]]
 
 def capture(bindir: Path, changes: int) -> list[tuple[LSN, bytes]]:
     """bench/decode.py's workload on a throwaway cluster; the messages with their LSNs."""
-    from plugin_framework.sources.cluster import LocalCluster
+    from plugin_framework.cluster import LocalCluster
 
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
     try:

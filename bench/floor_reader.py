@@ -21,7 +21,8 @@ from emit import EmptyPlugin  # bench/ is not a package
 
 from plugin_framework.framework import FileOutput, Pipeline
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
+from plugin_framework.sources.session import SourceConfig
+from plugin_framework.sources.walsender import WalsenderSource
 
 
 def main(argv: Sequence[str]) -> int:

@@ -21,10 +21,11 @@ from typing import Any
 import psycopg
 
 from plugin_framework import OutputPlugin, Pipeline
+from plugin_framework.cluster import LocalCluster, embedded_bindir
 from plugin_framework.framework import Output, OutputRecord
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.cluster import LocalCluster, embedded_bindir
-from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
+from plugin_framework.sources.session import SourceConfig
+from plugin_framework.sources.walsender import WalsenderSource
 
 ROW_BYTES = 200
 

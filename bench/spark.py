@@ -55,7 +55,7 @@ Frame = tuple[LSN, bytes]
 
 def capture(bindir: Path, changes: int) -> tuple[list[Frame], int]:
     """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16)."""
-    from plugin_framework.sources.cluster import LocalCluster
+    from plugin_framework.cluster import LocalCluster
 
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
     try:

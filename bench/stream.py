@@ -119,8 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the output files")
     args = parser.parse_args(argv)
 
-    from plugin_framework.sources.cluster import LocalCluster, embedded_bindir
-    from plugin_framework.sources.walsender import highest_proto_version
+    from plugin_framework.cluster import LocalCluster, embedded_bindir
+    from plugin_framework.sources.session import highest_proto_version
 
     emitter = args.emitter or default_emitter()
     bindir = Path(args.bindir) if args.bindir else embedded_bindir()

@@ -81,7 +81,7 @@ def run_workload(conn: psycopg.Connection[Any], changes: int) -> int:
 
 def choose_bindir(requested: str | None) -> Path:
     """--bindir if given, else the system PostgreSQL 15, else the embedded server (18)."""
-    from plugin_framework.sources.cluster import (
+    from plugin_framework.cluster import (
         available_bindirs,
         embedded_bindir,
         server_major_version,

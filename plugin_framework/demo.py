@@ -8,7 +8,6 @@ stdout (or -f), and stops and removes the server.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -16,7 +15,11 @@ from typing import Any
 
 import psycopg
 
+from plugin_framework.app import EmitterChoice, build_pipeline, run_source
+from plugin_framework.cluster import LocalCluster, embedded_bindir
 from plugin_framework.protocol import LSN
+from plugin_framework.sources.session import SourceConfig
+from plugin_framework.sources.walsender import WalsenderSource
 
 log = logging.getLogger("pgdecode.demo")
 
@@ -78,11 +81,10 @@ WORKLOAD: list[tuple[str, list[str]]] = [
 ]
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    from plugin_framework.cli import build_pipeline, run_source
-    from plugin_framework.sources.cluster import LocalCluster, embedded_bindir
-    from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
-
+def run_demo(emitters: EmitterChoice, *, memory_limit: int | None = None,
+             output_files: list[tuple[Any, str]] | None = None) -> int:
+    """Run the tour through ``emitters``; ``memory_limit`` (bytes) and ``output_files`` as
+    for ``build_pipeline``."""
     started = time.monotonic()
     cluster = LocalCluster(embedded_bindir())
     print("pgdecode demo: starting an embedded PostgreSQL 18 (wal_level=logical)...",
@@ -101,16 +103,14 @@ def run_demo(args: argparse.Namespace) -> int:
             row: Any = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             endpos = LSN(row[0])
         print(f"pgdecode demo: streaming slot demo_slot up to {endpos} through emitter "
-              f"{(args.emitter or ['json'])[0]}:", file=sys.stderr)
+              f"{emitters.emitters[0]}:", file=sys.stderr)
         config = SourceConfig(conninfo=conninfo, slot="demo_slot", publications=["demo_pub"],
                               endpos=endpos, status_interval=1.0, reconnect=False)
-        pipeline = build_pipeline(args, "demo_slot", conninfo)
+        assembly = build_pipeline(emitters, slot_name="demo_slot", catalog_conninfo=conninfo,
+                                  memory_limit=memory_limit, output_files=output_files)
+        pipeline = assembly.pipeline
         source = WalsenderSource(config, pipeline)
-        args.quiet = True
-        try:
-            run_source(source, args)
-        finally:
-            pipeline.shutdown()
+        run_source(source, assembly)
         print(f"pgdecode demo: {pipeline.transactions} transactions, {pipeline.changes} "
               f"changes decoded; acknowledged up to {source.progress.acked}; "
               f"{time.monotonic() - started:.1f} s in all", file=sys.stderr)

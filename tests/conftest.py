@@ -15,7 +15,7 @@ import pytest
 from pgtest import TestDatabase, create_database, drop_database
 from streamkit import cli_env, install_probes
 
-from plugin_framework.sources.cluster import (
+from plugin_framework.cluster import (
     LocalCluster,
     available_bindirs,
     server_major_version,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from plugin_framework.sources.cluster import LocalCluster
+from plugin_framework.cluster import LocalCluster
 
 _counter = itertools.count(1)
 

@@ -27,8 +27,8 @@ from streamkit import (
 )
 
 from plugin_framework import LSN
+from plugin_framework.cluster import LocalCluster
 from plugin_framework.framework.registry import installed_emitters
-from plugin_framework.sources.cluster import LocalCluster
 
 
 class Source:

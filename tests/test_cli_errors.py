@@ -29,8 +29,8 @@ from streamkit import (
     run_cli,
 )
 
+from plugin_framework.cluster import LocalCluster
 from plugin_framework.sources.capture import MAGIC
-from plugin_framework.sources.cluster import LocalCluster
 from plugin_framework.sources.errors import describe_conninfo, explain
 
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from pgtest import TestDatabase
 
-from plugin_framework.sources.cluster import ClusterError, LocalCluster
+from plugin_framework.cluster import ClusterError, LocalCluster
 
 
 def postmaster_pid(cluster: LocalCluster) -> int:

@@ -32,8 +32,9 @@ from streamkit import (
 )
 
 from plugin_framework import LSN, FileOutput, Pipeline
-from plugin_framework.sources.cluster import LocalCluster
-from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
+from plugin_framework.cluster import LocalCluster
+from plugin_framework.sources.session import SourceConfig
+from plugin_framework.sources.walsender import WalsenderSource
 
 BIG = 50_000  # rows in the large transaction the consumer is killed in
 

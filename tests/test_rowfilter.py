@@ -19,7 +19,7 @@ from capture import peek, pgoutput_options
 from recorders import Event, Recorder
 
 from plugin_framework import MemoryOutput, Pipeline
-from plugin_framework.framework.rowfilter import (
+from plugin_framework.rowfilter import (
     EvaluationError,
     NotSupportedError,
     PublicationFilters,

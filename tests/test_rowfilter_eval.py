@@ -17,19 +17,19 @@ from hypothesis import strategies as st
 from psycopg import pq
 from psycopg.adapt import Transformer
 
-from plugin_framework.framework.rowfilter import RowFilterError
-from plugin_framework.framework.rowfilter.analyze import Analyzer
-from plugin_framework.framework.rowfilter.errors import EvaluationError, NotSupportedError
-from plugin_framework.framework.rowfilter.evaluate import Compiler
-from plugin_framework.framework.rowfilter.expression import (
+from plugin_framework.pgtypes.oids import FLOAT4
+from plugin_framework.rowfilter import RowFilterError
+from plugin_framework.rowfilter.analyze import Analyzer
+from plugin_framework.rowfilter.errors import EvaluationError, NotSupportedError
+from plugin_framework.rowfilter.evaluate import Compiler
+from plugin_framework.rowfilter.expression import (
     ServerConstants,
     analyze_filter,
     parse_filter,
 )
-from plugin_framework.framework.rowfilter.functions import Infinity, to_float4
-from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
-from plugin_framework.framework.rowfilter.tables import TableInfo, Tables
-from plugin_framework.pgtypes.oids import FLOAT4
+from plugin_framework.rowfilter.functions import Infinity, to_float4
+from plugin_framework.rowfilter.pgcatalog import TypeCatalog
+from plugin_framework.rowfilter.tables import TableInfo, Tables
 
 TABLE = """
 CREATE TABLE ev (id int PRIMARY KEY, a int, b bigint, s smallint, n numeric, f float8,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_rowfilter import decode
 
-from plugin_framework.framework.rowfilter import PublicationFilters
+from plugin_framework.rowfilter import PublicationFilters
 
 SCHEMA = """
 CREATE TABLE {s}.ta (id int PRIMARY KEY, k int, v text, n numeric, big text);

@@ -31,13 +31,9 @@ from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.framework.context import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
+from plugin_framework.sources.session import SourceConfig, check_proto_version, pgoutput_options
 from plugin_framework.sources.sql import SqlSource
-from plugin_framework.sources.walsender import (
-    SourceConfig,
-    WalsenderSource,
-    check_proto_version,
-    pgoutput_options,
-)
+from plugin_framework.sources.walsender import WalsenderSource
 
 # --- without a server ---------------------------------------------------------------------------
 

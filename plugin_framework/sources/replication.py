@@ -16,8 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from plugin_framework.pgtypes import quote_ident_always as quote_ident
-from plugin_framework.pgtypes import quote_standard_literal as quote_literal
+from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
 from plugin_framework.protocol import (
     LSN,
     PrimaryKeepalive,
@@ -39,8 +38,9 @@ class ReplicationError(Exception):
 
 
 def start_replication_command(slot: str, start_lsn: LSN, options: Mapping[str, str]) -> str:
-    opts = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options.items())
-    command = f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {start_lsn}"
+    opts = ", ".join(f"{quote_ident_always(k)} {quote_standard_literal(v)}"
+                     for k, v in options.items())
+    command = f"START_REPLICATION SLOT {quote_ident_always(slot)} LOGICAL {start_lsn}"
     return f"{command} ({opts})" if opts else command
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from plugin_framework.pgtypes import quote_ident_always as quote_ident
+from plugin_framework.pgtypes import quote_ident_always
 from plugin_framework.protocol import LSN
 
 
@@ -81,6 +81,7 @@ def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bo
     temp = " TEMPORARY" if temporary else ""
     if server_version >= 150000:
         options = ["SNAPSHOT 'nothing'"] + (["TWO_PHASE"] if two_phase else [])
-        return (f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput "
+        return (f"CREATE_REPLICATION_SLOT {quote_ident_always(name)}{temp} LOGICAL pgoutput "
                 f"({', '.join(options)})")
-    return f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+    return (f"CREATE_REPLICATION_SLOT {quote_ident_always(name)}{temp} LOGICAL pgoutput "
+            "NOEXPORT_SNAPSHOT")

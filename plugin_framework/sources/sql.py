@@ -19,8 +19,7 @@ import psycopg
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.errors import SourceError, explain
-from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
-from plugin_framework.sources.walsender import (
+from plugin_framework.sources.session import (
     Progress,
     SourceConfig,
     check_proto_version,
@@ -31,6 +30,7 @@ from plugin_framework.sources.walsender import (
     start_pipeline,
     wal_level_error,
 )
+from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
 
 log = logging.getLogger("pgdecode.source")
 

@@ -325,7 +325,7 @@ class ForeachBatchPlugin(OutputPlugin):
 
 
 def _session() -> Any:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # lazy: pyspark is heavy and optional
 
     active = SparkSession.getActiveSession()
     return active if active is not None else SparkSession.builder.getOrCreate()

@@ -12,9 +12,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from plugin_framework import LSN, Pipeline
-from plugin_framework.framework import Catalog
-from plugin_framework.sources.walsender import SourceConfig, WalsenderSource
+from plugin_framework import LSN
+from plugin_framework.app import PlannedEmitter, build_pipeline, run_source
+from plugin_framework.sources.session import SourceConfig
+from plugin_framework.sources.walsender import WalsenderSource
 from plugin_framework.spark.batcher import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DELAY,
@@ -62,19 +63,14 @@ class ForeachBatchStream:
 
     def run(self) -> None:
         """Stream until ``stop()``, ``endpos`` or an error."""
-        kwargs: dict[str, Any] = {"slot_name": self.config.slot,
-                                  "catalog": Catalog(self.config.conninfo)}
-        if self.memory_limit:
-            kwargs["memory_limit"] = self.memory_limit
-        pipeline = Pipeline(**kwargs)
-        pipeline.add(self.plugin, output=self.plugin.make_output())
-        self.source = WalsenderSource(self.config, pipeline)
+        assembly = build_pipeline([PlannedEmitter(self.plugin)], slot_name=self.config.slot,
+                                  catalog_conninfo=self.config.conninfo,
+                                  memory_limit=self.memory_limit)
+        self.source = WalsenderSource(self.config, assembly.pipeline)
         if self._stop_requested.is_set():
             self.source.request_stop()
-        try:
-            self.source.run()
-        finally:
-            pipeline.shutdown()
+        # Inside the caller's SparkSession: its signals are its own.
+        run_source(self.source, assembly, handle_signals=False)
 
     def start(self) -> ForeachBatchStream:
         """Run in a background thread; ``error`` holds what stopped it, if anything."""

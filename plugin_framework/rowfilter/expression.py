@@ -14,22 +14,23 @@ from pglast.parser import ParseError
 from psycopg import pq
 from psycopg.adapt import Transformer
 
-from plugin_framework.framework.rowfilter import nodes as n
-from plugin_framework.framework.rowfilter.analyze import Analyzer, render
-from plugin_framework.framework.rowfilter.errors import NotSupportedError, RowFilterError
-from plugin_framework.framework.rowfilter.evaluate import Compiled, Compiler
-from plugin_framework.framework.rowfilter.functions import Infinity
-from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
-from plugin_framework.framework.rowfilter.tables import TableInfo
-from plugin_framework.pgtypes import quote_ident_always as quote_ident
+import plugin_framework.rowfilter.nodes as n
+from plugin_framework.pgtypes import quote_ident_always
 from plugin_framework.pgtypes.oids import UNKNOWN
+from plugin_framework.rowfilter.analyze import Analyzer
+from plugin_framework.rowfilter.errors import NotSupportedError, RowFilterError
+from plugin_framework.rowfilter.evaluate import Compiled, Compiler
+from plugin_framework.rowfilter.functions import Infinity
+from plugin_framework.rowfilter.parse_state import render
+from plugin_framework.rowfilter.pgcatalog import TypeCatalog
+from plugin_framework.rowfilter.tables import TableInfo
 
 _PREFIX = "CREATE PUBLICATION pgdecode_row_filter FOR TABLE "
 _transformer = Transformer()
 
 
 def qualified(schema: str, name: str) -> str:
-    return f"{quote_ident(schema)}.{quote_ident(name)}"
+    return f"{quote_ident_always(schema)}.{quote_ident_always(name)}"
 
 
 def parse_filter(text: str, table_sql: str = "t") -> tuple[Any, int]:

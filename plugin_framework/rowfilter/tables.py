@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugin_framework.framework.rowfilter.analyze import ColumnInfo, TableShape
-from plugin_framework.framework.rowfilter.errors import RowFilterError
-from plugin_framework.framework.rowfilter.pgcatalog import TypeCatalog
+from plugin_framework.rowfilter.errors import RowFilterError
+from plugin_framework.rowfilter.parse_state import ColumnInfo, TableShape
+from plugin_framework.rowfilter.pgcatalog import TypeCatalog
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugin_framework.framework.rowfilter.errors import RowFilterError
-from plugin_framework.framework.rowfilter.publication import ALL_ACTIONS, PublicationFilters
+from plugin_framework.rowfilter.errors import RowFilterError
+from plugin_framework.rowfilter.spec import ALL_ACTIONS
 
 
 @dataclass
@@ -44,13 +44,6 @@ class FilterConfig:
             return (f'the row filter of table "{table}" is resolved with the server\'s catalog '
                     "(its columns, operators, functions and constants)")
         return None
-
-    def build(self, conninfo: str | None) -> PublicationFilters:
-        """The PublicationFilters this configuration describes, checked against the catalog
-        now (``conninfo`` None: without a catalog, see ``PublicationFilters.from_spec``)."""
-        return PublicationFilters.from_spec(
-            conninfo, self.row_filters, self.column_lists, publish=self.publish,
-            publish_via_partition_root=self.via_root, publications=self.publications)
 
 
 _KEYS = {"tables", "publish", "publish_via_partition_root", "publications"}
@@ -190,10 +183,3 @@ def config_from_args(args: argparse.Namespace) -> FilterConfig | None:
     cfg.merge(cli, "on the command line and in the configuration file")
     return cfg
 
-
-def from_cli_args(args: argparse.Namespace,
-                  conninfo: str | None) -> PublicationFilters | None:
-    """The PublicationFilters the options ask for (None when no filter option is given):
-    checked against the catalog now, before anything is streamed."""
-    cfg = config_from_args(args)
-    return None if cfg is None else cfg.build(conninfo)

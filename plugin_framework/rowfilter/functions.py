@@ -20,8 +20,6 @@ from datetime import date, datetime, time, timedelta
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any
 
-from plugin_framework.framework.rowfilter.errors import EvaluationError, NotSupportedError
-from plugin_framework.framework.rowfilter.pgcatalog import CollationInfo, ProcInfo
 from plugin_framework.pgtypes.oids import (
     BOOL,
     BPCHAR,
@@ -44,6 +42,8 @@ from plugin_framework.pgtypes.oids import (
     UUID,
     VARCHAR,
 )
+from plugin_framework.rowfilter.errors import EvaluationError, NotSupportedError
+from plugin_framework.rowfilter.pgcatalog import CollationInfo, ProcInfo
 
 Fn = Callable[..., Any]
 

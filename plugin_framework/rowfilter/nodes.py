@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugin_framework.framework.rowfilter.pgcatalog import OperInfo, ProcInfo
 from plugin_framework.pgtypes.oids import BOOL
+from plugin_framework.rowfilter.pgcatalog import OperInfo, ProcInfo
 
 
 @dataclass(eq=False)

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from plugin_framework.framework.rowfilter import nodes as n
-from plugin_framework.framework.rowfilter.errors import (
+import plugin_framework.rowfilter.nodes as n
+from plugin_framework.pgtypes.oids import FLOAT4, INTERVAL
+from plugin_framework.rowfilter.errors import (
     EvaluationError,
     NotSupportedError,
     RowFilterError,
 )
-from plugin_framework.framework.rowfilter.functions import IMPLS, Ctx, to_float4
-from plugin_framework.framework.rowfilter.pgcatalog import ProcInfo, TypeCatalog
-from plugin_framework.pgtypes.oids import FLOAT4, INTERVAL
+from plugin_framework.rowfilter.functions import IMPLS, Ctx, to_float4
+from plugin_framework.rowfilter.pgcatalog import ProcInfo, TypeCatalog
 
 Getter = Callable[[int], Any]  # column position -> value (None for NULL)
 

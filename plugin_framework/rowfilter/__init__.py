@@ -16,25 +16,24 @@ See docs/row-filters.md.
 
 from __future__ import annotations
 
-from plugin_framework.framework.rowfilter.config import (
+from plugin_framework.rowfilter.config import (
     FilterConfig,
     add_cli_arguments,
     config_from_args,
-    from_cli_args,
     parse_config,
     read_config,
 )
-from plugin_framework.framework.rowfilter.errors import (
+from plugin_framework.rowfilter.errors import (
     EvaluationError,
     NotSupportedError,
     RowFilterError,
 )
-from plugin_framework.framework.rowfilter.publication import (
+from plugin_framework.rowfilter.publication import (
     PublicationFilters,
-    PublicationSpec,
-    TableRule,
+    from_cli_args,
     load_publication,
 )
+from plugin_framework.rowfilter.spec import PublicationSpec, TableRule
 
 __all__ = [
     "EvaluationError", "FilterConfig", "NotSupportedError", "PublicationFilters",

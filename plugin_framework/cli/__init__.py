@@ -1,0 +1,37 @@
+"""The ``pgdecode`` command line (``pgdecode = "plugin_framework.cli:main"``).
+
+- parser: the argparse definition and the checks of values
+- commands: one function per command (stream, capture, slot, emitters, replay, demo)
+- status: the live status line; logs: text or JSON logging
+- errors: how a failed command is reported, and its exit status
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from plugin_framework.cli.commands import COMMANDS
+from plugin_framework.cli.errors import UsageError, exit_status, report_usage
+from plugin_framework.cli.parser import build_parser, check_dbname
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        check_dbname(args)
+        status = int(COMMANDS[args.command](args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
+    except UsageError as exc:
+        return report_usage(args, exc)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        return exit_status(exc, args)

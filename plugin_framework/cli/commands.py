@@ -1,0 +1,308 @@
+"""The ``pgdecode`` commands, one function each: ``COMMANDS[args.command](args)`` runs one
+and returns its exit status."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from plugin_framework.app import (
+    Assembly,
+    UsageError,
+    build_pipeline,
+    cannot_open,
+    open_source,
+    run_source,
+)
+from plugin_framework.cli.logs import setup_logging
+from plugin_framework.cli.parser import (
+    allowlist,
+    emitter_choice,
+    memory_limit,
+    source_config,
+)
+from plugin_framework.cli.status import StatusLine
+from plugin_framework.demo import run_demo
+from plugin_framework.framework import (
+    CallbackError,
+    Catalog,
+    CatalogError,
+    MemoryOutput,
+    OutputError,
+    Pipeline,
+    Relation,
+)
+from plugin_framework.framework.registry import installed_emitters, load_emitter
+from plugin_framework.protocol import ProtocolError, XLogData, encode_copy_data
+from plugin_framework.rowfilter import PublicationFilters, config_from_args
+from plugin_framework.sources.capture import (
+    CaptureFormatError,
+    CaptureHeader,
+    CaptureWriter,
+    described_relations,
+    read_capture,
+    read_header,
+)
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
+from plugin_framework.sources.walsender import WalsenderSource
+
+
+def cmd_emitters(args: argparse.Namespace) -> int:
+    allow = allowlist(args)
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "CALLBACKS")]
+    for info in installed_emitters(allow):
+        try:
+            callbacks = ",".join(sorted(load_emitter(info.name, allow).callbacks))
+        except Exception as exc:  # a broken third-party emitter must not hide the others
+            callbacks = f"(cannot load: {exc})"
+        rows.append((info.name, info.distribution, info.version, callbacks))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3])
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    # Emitters run without a catalog, as the capture was recorded; -d serves the filters.
+    # Bad filters, emitters or options fail first; then a file that is no capture, before
+    # any output is opened.
+    assembly = assemble(args, None, filter_conninfo=args.dbname,
+                        check=lambda f: check_capture(f, args.file),
+                        before_output=lambda: read_header(args.file))
+    pipeline, filters = assembly.pipeline, assembly.filters
+    try:
+        header, frames = read_capture(args.file)
+        assembly.start(slot_name=header.slot, proto_version=header.proto_version,
+                       server_version=header.server_version)
+        try:
+            try:
+                for frame in frames:
+                    if isinstance(frame, XLogData):
+                        pipeline.feed(frame.data, frame.wal_start)
+            except (CaptureFormatError, ProtocolError) as exc:
+                # The capture ends inside a transaction, or a frame is not what the server
+                # sent: take the transaction cut short back out of the output files (not out
+                # of stdout: a pipe cannot take lines back), as after a lost connection.
+                torn = pipeline.in_flight
+                pipeline.reset()
+                raise CaptureFormatError(damaged_capture(args, exc, pipeline, torn)) from None
+        finally:
+            pipeline.shutdown()
+    finally:
+        if filters is not None:
+            filters.close()
+    return 0
+
+
+def damaged_capture(args: argparse.Namespace, exc: Exception, pipeline: Any,
+                    torn: bool) -> str:
+    """What a replay that ended at a truncated or damaged capture did."""
+    detail = str(exc).removeprefix(f"{args.file}: ")
+    done = (f"replayed {pipeline.transactions} transaction"
+            f"{'' if pipeline.transactions == 1 else 's'}, up to {pipeline.position}")
+    if torn and args.file_out == "-":
+        done += ("; the transaction it cuts short was partly written to stdout (which cannot "
+                 "take lines back)")
+    elif torn:
+        done += "; the transaction it cuts short was taken back out of the output"
+    return f"{args.file} is truncated or damaged ({detail}): {done}"
+
+
+def check_capture(filters: PublicationFilters, path: str) -> None:
+    """Apply the filters to every table the capture describes, before replaying it: a column
+    list that does not fit a table is refused before any output is written (without -d,
+    the capture's Relation messages are all there is to check it against). A truncated or
+    damaged capture is checked as far as it goes: the replay stops there too, and says so."""
+    relations = described_relations(path)
+    try:
+        for message in relations:
+            filters.check(Relation.from_message(message, {}))
+    except (CaptureFormatError, ProtocolError):
+        return
+
+
+def assemble(args: argparse.Namespace, slot: str | None, catalog_conninfo: str | None = None,
+             **kwargs: Any) -> Assembly:
+    """``build_pipeline`` with the emitters, -f, --memory-limit and the row-filter options
+    (--row-filter, --column-list, --filter-config, --filters-from-publication) of the
+    command line; the files it opens are kept in ``args.output_files``, to name the file in
+    an error (see errors.file_error)."""
+    files = args.output_files = []
+    return build_pipeline(emitter_choice(args), slot_name=slot,
+                          catalog_conninfo=catalog_conninfo or None,
+                          memory_limit=memory_limit(args), filters=config_from_args(args),
+                          output_files=files, **kwargs)
+
+
+def status_line(args: argparse.Namespace, source: Any) -> StatusLine | None:
+    """The live status line, on a terminal unless -q."""
+    return None if args.quiet or not sys.stderr.isatty() else StatusLine(source)
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    config = source_config(args)
+    # Filters are checked against the catalog now: before anything is streamed or acked.
+    assembly = assemble(args, config.slot, config.conninfo, filter_conninfo=config.conninfo)
+    source = open_source(config, assembly.pipeline, args.source)
+    run_source(source, assembly, status=status_line(args, source))
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    if args.file_out == "-":
+        raise UsageError("capture writes a binary file: give it with -f FILE")
+    if args.source != "walsender":
+        raise UsageError("capture records the replication stream: --source sql cannot be "
+                         "captured")
+    config = source_config(args)
+    # A capture is one session's stream: after a reconnect the server sends again what was
+    # not acknowledged, and a replay would see it twice, the first time cut short.
+    config.reconnect = False
+    existed = os.path.exists(args.file_out)
+    if existed and os.path.getsize(args.file_out) > 0:
+        raise UsageError(f"{args.file_out} exists: a capture is never overwritten (the slot "
+                         "has moved past what it holds); give another file")
+    # Opened now, so that a file that cannot be written is refused before streaming starts;
+    # the header is written with the first message (it holds what the connection told).
+    try:
+        out = open(args.file_out, "ab")  # noqa: SIM115  (handed to the writer, or closed)
+    except OSError as exc:
+        raise OutputError(cannot_open(args.file_out, exc, progress=False)) from None
+    pipeline = Pipeline()
+    writer: CaptureWriter | None = None
+    source: WalsenderSource
+
+    def tap(message: Any) -> None:
+        nonlocal writer
+        if writer is None:
+            header = CaptureHeader(
+                proto_version=pipeline.proto_version, options=dict(source.options),
+                server_version=source.server_version, slot=config.slot,
+                created=datetime.now(UTC).isoformat())
+            writer = CaptureWriter(out, header)
+        writer.write(encode_copy_data(message))
+
+    def sync() -> None:
+        if writer is not None:
+            writer.flush()
+            os.fsync(writer.fileno())
+
+    source = WalsenderSource(config, pipeline, tap=tap, before_status=sync)
+    try:
+        run_source(source, status=status_line(args, source))
+    except ConnectionLost as exc:
+        raise SourceError(
+            f"{exc}. {args.file_out} holds what the slot was told is done: start a new "
+            "capture, to another file, to go on from there") from None
+    finally:
+        if writer is not None:
+            sync()
+            writer.close()
+        else:
+            out.close()
+            if not existed:  # nothing was recorded: leave no empty capture behind
+                with contextlib.suppress(OSError):
+                    os.remove(args.file_out)
+    return 0
+
+
+def cmd_slot(args: argparse.Namespace) -> int:
+    try:
+        with psycopg.connect(args.dbname or "", autocommit=True) as conn:
+            if args.action == "list":
+                rows = [("SLOT", "DATABASE", "ACTIVE", "TWO_PHASE", "CONFIRMED_FLUSH",
+                         "WAL_STATUS")]
+                for s in list_slots(conn):
+                    rows.append((s.name, s.database or "", "yes" if s.active else "no",
+                                 "yes" if s.two_phase else "no",
+                                 str(s.confirmed_flush_lsn or ""), s.wal_status or ""))
+                widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+                for row in rows:
+                    print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+                return 0
+            if not args.slot:
+                raise UsageError("a slot is required: -S SLOT")
+            if args.action == "create":
+                info, created = create_slot(conn, args.slot, two_phase=args.two_phase,
+                                            failover=args.failover,
+                                            if_not_exists=args.if_not_exists)
+                state = "created" if created else "exists"
+                print(f"{info.name} {state} at {info.confirmed_flush_lsn}")
+            else:
+                dropped = drop_slot(conn, args.slot, if_exists=args.if_exists)
+                print(f"{args.slot} {'dropped' if dropped else 'did not exist'}")
+    except psycopg.errors.DuplicateObject:
+        raise SourceError(f'replication slot "{args.slot}" already exists: drop it first, or '
+                          "pass --if-not-exists to accept an existing slot") from None
+    except psycopg.errors.UndefinedObject:
+        raise SourceError(f'replication slot "{args.slot}" does not exist (pass --if-exists '
+                          "to accept that)") from None
+    except psycopg.Error as exc:
+        raise explain(exc, args.dbname or "", args.slot) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    check_emitters(args)  # before a server is started and the workload run
+    files = args.output_files = []
+    return int(run_demo(emitter_choice(args), memory_limit=memory_limit(args),
+                        output_files=files))
+
+
+def check_emitters(args: argparse.Namespace) -> None:
+    """Refuse now what the emitters and -f would refuse once streaming starts: an emitter
+    that is not installed, -o options the emitter rejects (a ValueError from its startup,
+    the convention for options; docs/framework.md), an -f that cannot be written. Emitters
+    that deliver elsewhere (Spark) are checked when they start: their startup sets up
+    delivery."""
+
+    class NoServerYet(Catalog):
+        """A catalog, as the demo's emitters get one, that has no server to ask yet."""
+
+        def _connection(self) -> Any:
+            raise CatalogError("no server to ask yet")
+
+    plan = emitter_choice(args).load()
+    pipeline = Pipeline(slot_name="demo_slot", catalog=NoServerYet(""))
+    for planned in plan:
+        if planned.make_output is None:
+            pipeline.add(planned.plugin, options=planned.options, output=MemoryOutput())
+    try:
+        pipeline.startup(is_init=False)
+    except CallbackError as exc:
+        if isinstance(exc.cause, ValueError):
+            raise
+        # Anything else (a catalog query, say) is for the real start to tell.
+    else:
+        pipeline.shutdown()
+    for planned in plan:
+        target = planned.target
+        if target == "-" or planned.make_output is not None:
+            continue
+        existed = os.path.exists(target)
+        try:
+            open(target, "ab").close()
+        except OSError as exc:
+            raise OutputError(cannot_open(target, exc)) from None
+        if not existed:
+            os.remove(target)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "stream": cmd_stream, "capture": cmd_capture, "slot": cmd_slot, "emitters": cmd_emitters,
+    "replay": cmd_replay, "demo": cmd_demo,
+}

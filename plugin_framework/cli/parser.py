@@ -1,0 +1,194 @@
+"""The ``pgdecode`` command line: its argparse definition and the checks of values that go
+beyond argparse's (-d, -E, the slot options). Command and option names follow
+pg_recvlogical."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from plugin_framework import __version__
+from plugin_framework.app import EmitterChoice, UsageError
+from plugin_framework.protocol import LSN
+from plugin_framework.rowfilter import add_cli_arguments
+from plugin_framework.sources.errors import ConninfoError, check_conninfo
+from plugin_framework.sources.session import SourceConfig
+
+
+def positive_seconds(text: str) -> float:
+    """--status-interval: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def positive_megabytes(text: str) -> int:
+    """--memory-limit: a positive whole number of megabytes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of megabytes: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (megabyte), not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgdecode",
+        description="Consume PostgreSQL logical replication (pgoutput) with Python output "
+                    "plugins.",
+    )
+    parser.add_argument("--version", action="version", version=f"pgdecode {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def emitter_args(p: argparse.ArgumentParser, default: str) -> None:
+        p.add_argument("--emitter", action="append", metavar="NAME",
+                       help=f"emitter to run (repeatable; default {default}); see "
+                            "`pgdecode emitters`")
+        p.add_argument("-o", "--option", action="append", metavar="NAME[=VALUE]",
+                       help="emitter option; EMITTER.NAME=VALUE for one emitter only")
+        p.add_argument("-f", "--file", dest="file_out", default="-", metavar="FILE",
+                       help="output file, - for stdout (default); with several emitters, "
+                            "FILE.EMITTER each")
+        p.add_argument("--emitter-allowlist", metavar="NAME,...",
+                       help="load only these emitters (also PGDECODE_EMITTER_ALLOWLIST)")
+        p.add_argument("--memory-limit", type=positive_megabytes, metavar="MB",
+                       help="memory for reassembling transactions before spilling to disk "
+                            "(default 64)")
+
+    def connection_args(p: argparse.ArgumentParser, slot_required: bool = True) -> None:
+        p.add_argument("-d", "--dbname", metavar="CONNINFO",
+                       help="libpq connection string or URI (PG* environment variables apply)")
+        p.add_argument("-S", "--slot", metavar="SLOT", help="replication slot name")
+
+    def source_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--publication", action="append", metavar="PUB",
+                       help="publication to stream (repeatable)")
+        p.add_argument("--create-slot", action="store_true",
+                       help="create the slot first if it does not exist")
+        p.add_argument("--two-phase", action="store_true",
+                       help="with --create-slot: enable two-phase decoding on the slot")
+        p.add_argument("--temporary", action="store_true",
+                       help="with --create-slot: a temporary slot, dropped when the stream "
+                            "ends (it cannot survive a reconnect)")
+        p.add_argument("-E", "--endpos", metavar="LSN",
+                       help="stop once a transaction ending at or past LSN is processed")
+        p.add_argument("--source", choices=("walsender", "sql"), default="walsender",
+                       help="replication connection (default) or the SQL functions")
+        p.add_argument("--proto-version", type=int, choices=(1, 2, 3, 4),
+                       help="pgoutput protocol version (default: the highest the server has)")
+        p.add_argument("--streaming", choices=("off", "on", "parallel"), default="on",
+                       help="stream large in-progress transactions (default on)")
+        p.add_argument("--no-messages", action="store_true",
+                       help="do not request logical messages")
+        p.add_argument("--binary", action="store_true", help="binary column values")
+        p.add_argument("--origin", choices=("any", "none"),
+                       help="only changes with no origin (none), or all (any; PostgreSQL 16+)")
+        p.add_argument("--status-interval", type=positive_seconds, default=10.0,
+                       metavar="SECONDS",
+                       help="seconds between acknowledgements (default 10)")
+        p.add_argument("--no-reconnect", action="store_true",
+                       help="exit instead of reconnecting when the connection drops")
+        p.add_argument("-q", "--quiet", action="store_true", help="no status line")
+        p.add_argument("--log-format", choices=("text", "json"), default="text")
+        p.add_argument("-v", "--verbose", action="store_true")
+
+    p = sub.add_parser("stream", help="stream a slot through emitters")
+    connection_args(p)
+    source_args(p)
+    emitter_args(p, "json")
+    add_cli_arguments(p)
+
+    p = sub.add_parser("capture", help="record a slot's raw stream for `pgdecode replay`")
+    connection_args(p)
+    source_args(p)
+    p.add_argument("-f", "--file", dest="file_out", default="-", metavar="FILE")
+
+    p = sub.add_parser("slot", help="create, drop or list replication slots")
+    p.add_argument("action", choices=("create", "drop", "list"))
+    connection_args(p)
+    p.add_argument("--two-phase", action="store_true", help="create: enable two-phase decoding")
+    p.add_argument("--failover", action="store_true", help="create: a failover slot (17+)")
+    p.add_argument("--if-not-exists", action="store_true")
+    p.add_argument("--if-exists", action="store_true")
+
+    p = sub.add_parser("emitters", help="list installed emitters")
+    p.add_argument("--emitter-allowlist", metavar="NAME,...")
+
+    p = sub.add_parser("replay", help="drive emitters from a capture file, without a server")
+    p.add_argument("file", metavar="FILE", help="a capture written by `pgdecode capture`")
+    p.add_argument("-d", "--dbname", metavar="CONNINFO",
+                   help="the database the capture was recorded from, for the row filters that "
+                        "need its catalog (--row-filter, --filters-from-publication); the "
+                        "emitters do not use it")
+    emitter_args(p, "json")
+    add_cli_arguments(p)
+
+    p = sub.add_parser("demo", help="a tour on a throwaway embedded PostgreSQL 18")
+    emitter_args(p, "json")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def check_dbname(args: argparse.Namespace) -> None:
+    """-d, checked once before any command uses it: a string that cannot be parsed, or that
+    libpq would misread (part of the password taken for a host or port, and printed), is
+    refused without showing any of it."""
+    dbname = getattr(args, "dbname", None)
+    if dbname:
+        try:
+            check_conninfo(dbname)
+        except ConninfoError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def source_config(args: argparse.Namespace) -> SourceConfig:
+    """The source's configuration from the command line, checked."""
+    if not args.slot:
+        raise UsageError("a slot is required: -S SLOT")
+    if not args.publication:
+        raise UsageError("at least one --publication is required")
+    if args.two_phase and not args.create_slot:
+        raise UsageError("--two-phase may only be specified with --create-slot (two-phase "
+                         "decoding is a property of the slot, set when it is created)")
+    if args.temporary and not args.create_slot:
+        raise UsageError("--temporary may only be specified with --create-slot")
+    if args.temporary and args.source != "walsender":
+        raise UsageError("--temporary needs --source walsender: a temporary slot lives as "
+                         "long as the replication connection that created it")
+    try:
+        endpos = LSN(args.endpos) if args.endpos else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return SourceConfig(
+        conninfo=args.dbname or "", slot=args.slot, publications=args.publication,
+        proto_version=args.proto_version, streaming=args.streaming,
+        messages=not args.no_messages, binary=args.binary, origin=args.origin, endpos=endpos,
+        status_interval=args.status_interval, create_slot=args.create_slot,
+        slot_two_phase=args.two_phase, temporary_slot=args.temporary,
+        reconnect=not args.no_reconnect,
+    )
+
+
+def allowlist(args: argparse.Namespace) -> list[str] | None:
+    """--emitter-allowlist, as a list (None: not given)."""
+    return args.emitter_allowlist.split(",") if args.emitter_allowlist else None
+
+
+def emitter_choice(args: argparse.Namespace, default: str = "json") -> EmitterChoice:
+    """The emitters the command line names (--emitter, -o, -f, --emitter-allowlist)."""
+    return EmitterChoice(args.emitter, args.option or [], args.file_out, allowlist(args),
+                         default)
+
+
+def memory_limit(args: argparse.Namespace) -> int | None:
+    """--memory-limit, in bytes (None: the default)."""
+    megabytes = getattr(args, "memory_limit", None)
+    return megabytes * 1024 * 1024 if megabytes else None
+
