@@ -34,6 +34,7 @@ from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME
 __all__ = [
     "VERSIONED_KEYWORDS",
     "TypeNames",
+    "builtin_type_name",
     "format_type",
     "format_type_be",
     "format_type_sql",
@@ -322,6 +323,13 @@ def _format(
     if entry is None:
         return "???"
     return _named(entry[0], entry[1], typmod, typmod_given, server_version)
+
+
+def builtin_type_name(type_oid: int) -> str | None:
+    """``pg_type.typname`` of a built-in type (one with a fixed OID: ``int4``, ``_text``,
+    ``bpchar``), or None for any other OID, whose name only a Type message or the catalog
+    can tell."""
+    return _TYPNAMES.get(type_oid)
 
 
 def format_type(type_oid: int, typmod: int = -1, *, type_names: TypeNames | None = None,
