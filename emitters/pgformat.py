@@ -24,3 +24,10 @@ def timestamptz_to_str(moment: datetime, zone: tzinfo) -> str:
     elif minutes:
         text += f":{minutes:02d}"
     return text
+
+
+def quote_literal(text: str) -> str:
+    """quote_literal_cstr: quotes and backslashes doubled, and an E prefix when there is a
+    backslash."""
+    quoted = "'" + text.replace("'", "''").replace("\\", "\\\\") + "'"
+    return "E" + quoted if "\\" in text else quoted
