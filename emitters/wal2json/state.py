@@ -27,6 +27,8 @@ Converter = Callable[[bytes], bytes]
 
 @dataclass(eq=False, slots=True)
 class Col:
+    """A column's plan: its name, type and surroundings as each format version prints them."""
+
     name: bytes  # JSON
     convert: Converter  # how its value prints
     v1_type: bytes  # JSON of the type as v1 prints it (keytypes/columntypes)
@@ -42,6 +44,8 @@ class Col:
 
 @dataclass(eq=False, slots=True)
 class Rel:
+    """A table's plan, for the Relation message it was made from."""
+
     relation: Relation
     selected: bool  # passes add-tables and filter-tables
     cols: list[Col]
