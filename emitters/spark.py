@@ -32,12 +32,14 @@ import sys
 from typing import Any
 
 from emitters.options import Option, parse_int, parse_options
-from plugin_framework.spark.batcher import (
+from plugin_framework.spark import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DELAY,
     DEFAULT_MAX_ROWS,
     BatchFunction,
+    ChangeLogWriter,
     ForeachBatchPlugin,
+    TableStateWriter,
 )
 
 __all__ = ["OPTIONS", "SparkEmitter", "load_function"]
@@ -121,8 +123,6 @@ class SparkEmitter(ForeachBatchPlugin):
             except (ImportError, AttributeError) as exc:
                 raise ValueError(f'foreach-batch "{opts["foreach-batch"]}" cannot be loaded: '
                                  f"{exc}") from None
-        from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter
-
         sinks: list[BatchFunction] = []
         if opts["changelog-path"] is not None:
             sinks.append(ChangeLogWriter(opts["changelog-path"]))
@@ -133,7 +133,7 @@ class SparkEmitter(ForeachBatchPlugin):
             # Spark's Python workers must run this interpreter (and find pgdecode)
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-            from pyspark.sql import SparkSession
+            from pyspark.sql import SparkSession  # heavy and optional: only when needed
 
             active = SparkSession.getActiveSession()
             if active is not None:

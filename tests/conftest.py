@@ -3,7 +3,8 @@
 ``pg`` is one running cluster per available server version (the embedded PostgreSQL 18, then
 each system installation of another major version), shared by the whole session; tests that use
 it, directly or through ``db``, run once per version and are marked ``server``. ``db`` is a
-fresh database for one test, ``pg_module_db`` one shared by a module's tests.
+fresh database for one test, ``pg_module_db`` one shared by a module's tests, and
+``workload_capture`` tests/workload.py's transactions in a slot of that one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from pgtest import TestDatabase, create_database, drop_database
-from streamkit import cli_env, install_probes
+from streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
 
 from plugin_framework.cluster import (
     LocalCluster,
@@ -61,6 +62,12 @@ def pg_module_db(pg: LocalCluster) -> Iterator[TestDatabase]:
         yield database
     finally:
         drop_database(database)
+
+
+@pytest.fixture(scope="module")
+def workload_capture(pg_module_db: TestDatabase) -> WorkloadCapture:
+    """tests/workload.py's transactions, in a two-phase slot of the module's database."""
+    return capture_workload(pg_module_db)
 
 
 @pytest.fixture(scope="session")

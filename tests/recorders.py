@@ -4,6 +4,7 @@ a streaming or two-phase plugin saw into what an ordinary plugin should have see
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from plugin_framework import OutputPlugin
@@ -18,6 +19,23 @@ def change_event(relation: Any, change: Any) -> Event:
         None if change.old is None else tuple(change.old.texts().items()),
         change.old_is_key,
     )
+
+
+def changes_by_transaction(events: Sequence[Event]) -> list[list[Event]]:
+    """A Recorder's change and truncate events, transaction by transaction, leaving out the
+    transactions that have none (and whatever is outside a transaction)."""
+    out: list[list[Event]] = []
+    current: list[Event] | None = None
+    for ev in events:
+        if ev[0] == "begin":
+            current = []
+        elif ev[0] == "commit":
+            if current:
+                out.append(current)
+            current = None
+        elif current is not None and ev[0] in ("change", "truncate"):
+            current.append(ev)
+    return out
 
 
 class Recorder(OutputPlugin):

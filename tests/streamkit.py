@@ -1,6 +1,9 @@
-"""Helpers for the tests of the live sources and of ``pgdecode stream``: probe emitters that
-record every callback as a JSON line, installed as entry points a subprocess can load, and
-ways to run the command line and watch a slot.
+"""The tests' one place for streaming: probe emitters that record every callback as a JSON
+line (installed as entry points a subprocess can load), running ``pgdecode stream`` and the
+other commands, reading a slot through START_REPLICATION, capturing tests/workload.py's
+transactions from a slot, reading a probe's output transaction by transaction, and watching a
+slot. Raw captures through the SQL functions are tests/capture.py's; recording plugins that run
+in-process are tests/recorders.py's.
 """
 
 from __future__ import annotations
@@ -10,14 +13,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from capture import Captured, peek, pgoutput_options
+from workload import END_PREFIX, Facts, create_schema, run_workload
 
 from plugin_framework import LSN, OutputPlugin
+from plugin_framework.protocol import XLogData
+from plugin_framework.sources.replication import ReplicationStream
 
 # --- probe emitters -----------------------------------------------------------------------------
 
@@ -147,6 +156,36 @@ def read_lines(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line]
 
 
+def transactions(lines: Iterable[dict[str, Any]], *,
+                 between: bool = False) -> list[list[dict[str, Any]]]:
+    """A probe's lines, transaction by transaction (begin to commit), checking that they are
+    a sequence of whole transactions: none begins inside another, each commit ends the one
+    open, none is cut short. A line outside every transaction (a non-transactional message, a
+    two-phase callback) is an error unless ``between``; it is then in none of them."""
+    found: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] | None = None
+    for ln in lines:
+        if ln["cb"] == "begin":
+            assert current is None, f"transaction {ln['xid']} began inside {current[0]['xid']}"
+            current = [ln]
+        elif current is None:
+            assert between and ln["cb"] != "commit", f"{ln} is outside every transaction"
+        else:
+            current.append(ln)
+            if ln["cb"] == "commit":
+                assert ln["xid"] == current[0]["xid"], (current[0], ln)
+                found.append(current)
+                current = None
+    assert current is None, f"transaction {current[0]['xid']} is cut short"
+    return found
+
+
+def committed_xids(lines: Iterable[dict[str, Any]]) -> list[int]:
+    """The xids of the whole transactions in a probe's output, in order, checking it as
+    ``transactions`` does (two-phase callbacks may come between them)."""
+    return [txn[0]["xid"] for txn in transactions(lines, between=True)]
+
+
 # --- running the command line -------------------------------------------------------------------
 
 
@@ -182,6 +221,14 @@ def start_cli(args: Sequence[str], *, env: dict[str, str] | None = None,
     finally:
         if stderr_path is not None:
             err.close()
+
+
+def run_stream(conninfo: str, slot: str, out: str | Path, *args: str,
+               env: dict[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``pgdecode stream -d CONNINFO -S SLOT -f OUT ARGS...``, to its end."""
+    return run_cli(["stream", "-d", conninfo, "-S", slot, "-f", str(out), *args], env=env,
+                   timeout=timeout)
 
 
 def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM,
@@ -255,6 +302,82 @@ def create_slot(conninfo: str, slot: str, two_phase: bool = False) -> LSN:
 def changes_of(lines: Iterable[dict[str, Any]], table: str,
                callbacks: Sequence[str] = ("change",)) -> list[dict[str, Any]]:
     return [ln for ln in lines if ln["cb"] in callbacks and ln.get("table") == table]
+
+
+# --- reading a slot in-process -------------------------------------------------------------------
+
+
+def replicate(conninfo: str, slot: str, options: Mapping[str, str], timeout: float = 60.0,
+              ready: threading.Event | None = None) -> list[Captured]:
+    """The slot's changes through START_REPLICATION, up to tests/workload.py's end marker."""
+    marker = END_PREFIX.encode() + b"\0"
+    out: list[Captured] = []
+    deadline = time.monotonic() + timeout
+    with ReplicationStream(conninfo) as repl:
+        repl.start(slot, LSN(0), options)
+        if ready is not None:
+            ready.set()
+        while time.monotonic() < deadline:
+            msg = repl.read(1.0)
+            if isinstance(msg, XLogData):
+                out.append(Captured(msg.wal_start, msg.data))
+                if msg.data[:1] == b"M" and marker in msg.data:
+                    return out
+    raise TimeoutError(f"no end marker from slot {slot} within {timeout} s")
+
+
+class LiveCapture(threading.Thread):
+    """Streams a slot in the background while a workload runs, up to the end marker."""
+
+    def __init__(self, conninfo: str, slot: str, options: Mapping[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.args_ = (conninfo, slot, options)
+        self.captured: list[Captured] = []
+        self.error: BaseException | None = None
+        self.started_streaming = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.captured = replicate(*self.args_, ready=self.started_streaming)
+        except BaseException as exc:  # re-raised in result()
+            self.error = exc
+            self.started_streaming.set()
+
+    def result(self, timeout: float = 120.0) -> list[Captured]:
+        self.join(timeout)
+        if self.error is not None:
+            raise self.error
+        if self.is_alive():
+            raise TimeoutError("live capture did not finish")
+        return self.captured
+
+
+@dataclass
+class WorkloadCapture:
+    """tests/workload.py's transactions, in a two-phase slot made before them."""
+
+    db: Any
+    facts: Facts
+    slot: str
+    proto: int  # the newest pgoutput protocol of the server
+
+    def capture(self, streaming: bool = True) -> list[Captured]:
+        """The slot's messages, peeked anew each time: the workload's last message is not
+        transactional, and reaches the slot only once the server has flushed it to WAL."""
+        with self.db.connect(autocommit=True) as conn:
+            return peek(conn, self.slot, pgoutput_options(
+                self.proto, streaming="on" if streaming else "off"))
+
+
+def capture_workload(db: Any) -> WorkloadCapture:
+    """The workload's schema, a two-phase slot, then the workload, on ``db``."""
+    slot = f"{db.dbname}_workload"
+    with db.connect(autocommit=True) as conn:
+        create_schema(conn)
+        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+                   (slot,))
+        facts = run_workload(conn)
+    return WorkloadCapture(db, facts, slot, 4 if db.major_version >= 16 else 3)
 
 
 # --- a small workload with something for every option -------------------------------------------

@@ -19,6 +19,7 @@ from streamkit import (
     read_lines,
     run_cli,
     run_options_workload,
+    run_stream,
     slot_row,
     start_cli,
     stop_process,
@@ -65,18 +66,17 @@ def source(db: Any) -> Source:
     return Source(db, end, slot, origin)
 
 
-def stream(src: Source, env: dict[str, str], tmp_path: Path, *args: str,
-           emitter: str = "probe", slot: str | None = None, name: str = "out",
-           expect: int = 0) -> list[dict[str, Any]]:
+def probe_stream(src: Source, env: dict[str, str], tmp_path: Path, *args: str,
+                 emitter: str = "probe", slot: str | None = None, name: str = "out",
+                 expect: int = 0) -> list[dict[str, Any]]:
     """``pgdecode stream`` up to the end of the workload; the probe's lines."""
     out = tmp_path / name
-    command = ["stream", "-d", src.conninfo, "-S", slot or src.new_slot(), "-E", str(src.end),
-               "-f", str(out), "--no-reconnect", *args]
+    command = ["-E", str(src.end), "--no-reconnect", *args]
     if "--publication" not in args:
         command += ["--publication", "p1", "--publication", "p2"]
     if "--emitter" not in args:
         command += ["--emitter", emitter]
-    result = run_cli(command, env=env)
+    result = run_stream(src.conninfo, slot or src.new_slot(), out, *command, env=env)
     assert result.returncode == expect, result.stderr
     return read_lines(out) if expect == 0 else []
 
@@ -112,11 +112,11 @@ def check_complete(src: Source, lines: list[dict[str, Any]], *, origin: bool = T
 @pytest.mark.parametrize("source_kind", ["walsender", "sql"])
 def test_stream_both_sources_same_output(source: Source, env: dict[str, str], tmp_path: Path,
                                          source_kind: str) -> None:
-    lines = stream(source, env, tmp_path, "--source", source_kind)
+    lines = probe_stream(source, env, tmp_path, "--source", source_kind)
     check_complete(source, lines)
     assert {"begin", "change", "commit", "message"} <= callbacks(lines)
     other = "sql" if source_kind == "walsender" else "walsender"
-    again = stream(source, env, tmp_path, "--source", other, name="other")
+    again = probe_stream(source, env, tmp_path, "--source", other, name="other")
     assert without_lsns(again) == without_lsns(lines)
 
 
@@ -266,8 +266,10 @@ def test_proto_version_not_supported(pg: LocalCluster, source: Source, env: dict
 
 def test_streaming_modes(source: Source, env: dict[str, str], tmp_path: Path) -> None:
     major = source.db.major_version
-    off = stream(source, env, tmp_path, "--streaming", "off", emitter="probe-stream", name="off")
-    on = stream(source, env, tmp_path, "--streaming", "on", emitter="probe-stream", name="on")
+    off = probe_stream(source, env, tmp_path, "--streaming", "off", emitter="probe-stream",
+                       name="off")
+    on = probe_stream(source, env, tmp_path, "--streaming", "on", emitter="probe-stream",
+                      name="on")
     assert not {"stream_start", "stream_change"} & callbacks(off)
     assert {"stream_start", "stream_change", "stream_stop", "stream_commit"} <= callbacks(on)
     # The rolled-back savepoint was streamed, then aborted: a Stream Abort without the abort
@@ -284,30 +286,30 @@ def test_streaming_modes(source: Source, env: dict[str, str], tmp_path: Path) ->
         assert result.returncode == 1
         assert "--streaming parallel needs protocol version 4 (PostgreSQL 16+)" in result.stderr
         return
-    parallel = stream(source, env, tmp_path, "--streaming", "parallel", emitter="probe-stream",
-                      name="parallel")
+    parallel = probe_stream(source, env, tmp_path, "--streaming", "parallel",
+                            emitter="probe-stream", name="parallel")
     assert {"stream_start", "stream_change", "stream_commit"} <= callbacks(parallel)
     aborts = [ln for ln in parallel if ln["cb"] == "stream_abort"]
     assert aborts and all(a["abort_lsn"] is not None for a in aborts)
     # A plugin without stream callbacks gets the same transactions either way.
-    plain = [stream(source, env, tmp_path, "--streaming", mode, name=f"plain-{mode}")
+    plain = [probe_stream(source, env, tmp_path, "--streaming", mode, name=f"plain-{mode}")
              for mode in ("off", "on", "parallel")]
     assert without_lsns(plain[0]) == without_lsns(plain[1]) == without_lsns(plain[2])
 
 
 def test_no_messages(source: Source, env: dict[str, str], tmp_path: Path) -> None:
-    with_messages = stream(source, env, tmp_path, name="with")
+    with_messages = probe_stream(source, env, tmp_path, name="with")
     messages = [ln for ln in with_messages if ln["cb"] == "message"]
     assert {(m["prefix"], m["transactional"]) for m in messages} == {
         ("probe-tx", True), ("probe-nontx", False)}
-    without = stream(source, env, tmp_path, "--no-messages", name="without")
+    without = probe_stream(source, env, tmp_path, "--no-messages", name="without")
     assert "message" not in callbacks(without)
     assert [ln for ln in with_messages if ln["cb"] != "message"] == without
 
 
 def test_binary(source: Source, env: dict[str, str], tmp_path: Path) -> None:
-    text = stream(source, env, tmp_path, name="text")
-    binary = stream(source, env, tmp_path, "--binary", name="binary")
+    text = probe_stream(source, env, tmp_path, name="text")
+    binary = probe_stream(source, env, tmp_path, "--binary", name="binary")
     first_text = next(ln for ln in text if ln["cb"] == "change")
     first_binary = next(ln for ln in binary if ln["cb"] == "change")
     assert first_text["new"] == {"id": "1", "v": "one", "n": "10"}
@@ -318,7 +320,7 @@ def test_binary(source: Source, env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_origin(source: Source, env: dict[str, str], tmp_path: Path) -> None:
-    default = stream(source, env, tmp_path, name="default")
+    default = probe_stream(source, env, tmp_path, name="default")
     assert source.origin in {ln["origin"] for ln in default if ln["cb"] == "begin"}
     if source.db.major_version < 16:
         result = run_cli(["stream", "-d", source.conninfo, "-S", source.new_slot(),
@@ -327,19 +329,19 @@ def test_origin(source: Source, env: dict[str, str], tmp_path: Path) -> None:
         assert result.returncode == 1
         assert "the origin option needs PostgreSQL 16 or later" in result.stderr
         return
-    any_origin = stream(source, env, tmp_path, "--origin", "any", name="any")
+    any_origin = probe_stream(source, env, tmp_path, "--origin", "any", name="any")
     assert any_origin == default
     check_complete(source, any_origin)
-    none = stream(source, env, tmp_path, "--origin", "none", name="none")
+    none = probe_stream(source, env, tmp_path, "--origin", "none", name="none")
     assert {ln["origin"] for ln in none if ln["cb"] == "begin"} == {None}
     check_complete(source, none, origin=False)
 
 
 def test_publications(source: Source, env: dict[str, str], tmp_path: Path) -> None:
-    only_p1 = stream(source, env, tmp_path, "--publication", "p1", name="p1")
-    only_p2 = stream(source, env, tmp_path, "--publication", "p2", name="p2")
-    both = stream(source, env, tmp_path, "--publication", "p1", "--publication", "p2",
-                  name="both")
+    only_p1 = probe_stream(source, env, tmp_path, "--publication", "p1", name="p1")
+    only_p2 = probe_stream(source, env, tmp_path, "--publication", "p2", name="p2")
+    both = probe_stream(source, env, tmp_path, "--publication", "p1", "--publication", "p2",
+                        name="both")
     assert {ln["table"] for ln in only_p1 if ln["cb"] == "change"} == {"t1"}
     assert {ln["table"] for ln in only_p2 if ln["cb"] == "change"} == {"t2"}
     check_complete(source, both)
@@ -381,7 +383,7 @@ def test_emitter_options_errors(source: Source, env: dict[str, str], tmp_path: P
 
 
 def test_output_to_stdout(source: Source, env: dict[str, str], tmp_path: Path) -> None:
-    to_file = stream(source, env, tmp_path)
+    to_file = probe_stream(source, env, tmp_path)
     result = run_cli(["stream", "-d", source.conninfo, "-S", source.new_slot(),
                       "--publication", "p1", "--publication", "p2", "-E", str(source.end),
                       "--emitter", "probe"], env=env)
@@ -610,8 +612,8 @@ def test_memory_limit(source: Source, env: dict[str, str], tmp_path: Path) -> No
     query(source.conninfo, "INSERT INTO t1 SELECT g, repeat('x', 200), g "
                            "FROM generate_series(50000, 64999) g")  # some 3 MB of changes
     source.end = query(source.conninfo, "SELECT pg_current_wal_insert_lsn()::text")[0][0]
-    default = stream(source, env, tmp_path, name="default")
-    small = stream(source, env, tmp_path, "--memory-limit", "1", name="small")
+    default = probe_stream(source, env, tmp_path, name="default")
+    small = probe_stream(source, env, tmp_path, "--memory-limit", "1", name="small")
     assert small == default
 
 

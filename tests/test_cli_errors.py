@@ -27,6 +27,7 @@ from streamkit import (
     query,
     read_lines,
     run_cli,
+    transactions,
 )
 
 from plugin_framework.cluster import LocalCluster
@@ -297,17 +298,6 @@ def frames(path: Path) -> list[tuple[int, bytes]]:
 
 def pgoutput_tag(payload: bytes) -> bytes:
     return payload[25:26] if payload[:1] == b"w" else b""  # after XLogData's 25-byte header
-
-
-def transactions(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The probe's lines, transaction by transaction; every one is whole."""
-    found: list[list[dict[str, Any]]] = []
-    for ln in lines:
-        if ln["cb"] == "begin":
-            found.append([])
-        found[-1].append(ln)
-    assert all(t[-1]["cb"] == "commit" for t in found), [t[-1] for t in found]
-    return found
 
 
 # --- 2d: a closed stdout ---------------------------------------------------------------------

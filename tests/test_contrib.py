@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from capture import Captured, peek, pgoutput_options
-from workload import STREAM_ROWS, Facts, create_schema, run_workload
+from streamkit import WorkloadCapture
+from workload import STREAM_ROWS
 
 from contrib.audit_2pc import TwoPhaseAudit
 from contrib.simple import SimplePlugin
@@ -16,46 +15,32 @@ from plugin_framework import MemoryOutput, Pipeline
 from plugin_framework.framework import CallbackError
 
 
-@pytest.fixture(scope="module")
-def stream(pg_module_db: Any) -> Iterator[tuple[Facts, list[Captured], int]]:
-    db = pg_module_db
-    conn = db.connect(autocommit=True)
-    create_schema(conn)
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
-               (db.dbname,))
-    facts = run_workload(conn)
-    proto = 4 if db.major_version >= 16 else 3
-    yield facts, peek(conn, db.dbname, pgoutput_options(proto, streaming="on")), proto
-
-
-def run(stream: tuple[Facts, list[Captured], int], plugin: Any,
-        options: dict[str, str] | None = None) -> list[str]:
-    _, captured, proto = stream
+def run(capture: WorkloadCapture, plugin: Any, options: dict[str, str] | None = None) -> list[str]:
     out = MemoryOutput()
-    pipeline = Pipeline(proto_version=proto)
+    pipeline = Pipeline(proto_version=capture.proto)
     pipeline.add(plugin, options=options, output=out)
     pipeline.startup()
-    for item in captured:
+    for item in capture.capture(streaming=True):
         pipeline.feed(item.data, item.lsn)
     pipeline.shutdown()
     return out.lines
 
 
-def test_simple(stream: Any) -> None:
-    facts = stream[0]
-    lines = run(stream, SimplePlugin())
+def test_simple(workload_capture: WorkloadCapture) -> None:
+    facts = workload_capture.facts
+    lines = run(workload_capture, SimplePlugin())
     assert lines[:2] == [f"BEGIN {facts.xids['insert']}",
                          "INSERT public.items id='1' name='one' price='1.50' tags='{a,b}' "
                          f"payload='\\\\x00ff' big='{'x' * 5000}'"]
     assert lines[6].startswith("UPDATE public.items id='1' name='uno' price='1.50'")
     assert lines[6].endswith(" big=(unchanged)")
     with pytest.raises(CallbackError, match='option "x" = "1" is unknown'):
-        run(stream, SimplePlugin(), {"x": "1"})
+        run(workload_capture, SimplePlugin(), {"x": "1"})
 
 
-def test_two_phase_audit(stream: Any) -> None:
-    facts = stream[0]
-    events = [orjson.loads(line) for line in run(stream, TwoPhaseAudit())]
+def test_two_phase_audit(workload_capture: WorkloadCapture) -> None:
+    facts = workload_capture.facts
+    events = [orjson.loads(line) for line in run(workload_capture, TwoPhaseAudit())]
     by_gid: dict[str, list[str]] = {}
     for e in events:
         if e["gid"]:
@@ -68,8 +53,8 @@ def test_two_phase_audit(stream: Any) -> None:
     assert prepare["xid"] == facts.xids["2pc_stream"]
 
 
-def test_two_phase_audit_filter_prepare(stream: Any) -> None:
-    events = [orjson.loads(line) for line in run(stream, TwoPhaseAudit(),
+def test_two_phase_audit_filter_prepare(workload_capture: WorkloadCapture) -> None:
+    events = [orjson.loads(line) for line in run(workload_capture, TwoPhaseAudit(),
                                                    {"ignore-prefix": "gid-r"})]
     kinds = [(e["event"], e["gid"]) for e in events if e["gid"]]
     # filtered at PREPARE: decoded as an ordinary transaction at COMMIT PREPARED, and a

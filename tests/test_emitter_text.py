@@ -5,7 +5,7 @@ The same transactions are decoded twice: by test_decoding through
 is fed to the text emitter with the same options. The lists of lines must be equal, and so
 must each row's LSN and xid where the two plugins write at the same place.
 
-What is allowed to differ, and why (see emitters/text.py and docs/emitters-text.md):
+What is allowed to differ, and why (see emitters/text/ and docs/emitters-text.md):
 
 - test_decoding prints empty transactions (BEGIN and COMMIT only: here, the workload's DDL;
   the test clusters run without autovacuum, whose ANALYZE would add some at random) unless
@@ -623,7 +623,7 @@ def test_timestamptz_to_str_against_the_server(parity: Source) -> None:
 def test_row_templates_print_as_the_column_loop() -> None:
     """Rows are printed through per-pattern templates; the column-by-column loop (kept for
     what has no template) is the reference."""
-    from emitters.text import _append_tuple, _RelationText
+    from emitters.text.relation import RelationText, append_tuple
     from plugin_framework.framework.model import Relation
     from plugin_framework.protocol import Relation as RelationMessage
     from plugin_framework.protocol import TupleData
@@ -634,7 +634,7 @@ def test_row_templates_print_as_the_column_loop() -> None:
     columns = tuple(RelationColumn(i == 0, f"c{i}%{oid}", oid, -1)
                     for i, (oid, _) in enumerate(types))
     relation = Relation.from_message(RelationMessage(1, "public", "t%", "d", columns), {})
-    text = _RelationText(relation, [c.type_name for c in relation.columns])
+    text = RelationText(relation, [c.type_name for c in relation.columns])
     n = len(types)
     for pattern in range(3 ** n):
         kinds = bytes(b"tnu"[pattern // 3 ** i % 3] for i in range(n))
@@ -643,7 +643,7 @@ def test_row_templates_print_as_the_column_loop() -> None:
         data = TupleData(kinds, values)
         for skip_nulls in (False, True):
             expected, got = bytearray(), bytearray()
-            _append_tuple(expected, text.tuple_columns, data, skip_nulls)
+            append_tuple(expected, text.tuple_columns, data, skip_nulls)
             text.append(got, data, skip_nulls)
             assert got == expected, (kinds, skip_nulls)
     assert len(text.patterns) == 256  # the cache is bounded; the rest went through the loop

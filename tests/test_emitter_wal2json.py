@@ -343,7 +343,7 @@ def test_held_output_spills_to_disk(parity: Parity, options: dict[str, str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """With include-lsn a transaction's output waits for its commit; past HOLD_MEMORY it
     waits in a temporary file, and comes back the same."""
-    import emitters.wal2json as module
+    import emitters.wal2json.emitter as module  # where the emitter reads HOLD_MEMORY
     from plugin_framework.framework import spool
 
     spilled: list[int] = []

@@ -17,6 +17,7 @@ import pytest
 from streamkit import (
     Probe,
     StreamProbe,
+    committed_xids,
     confirmed_flush,
     create_slot,
     current_lsn,
@@ -67,25 +68,8 @@ def small_transactions(conninfo: str, first: int, count: int) -> None:
             conn.execute("INSERT INTO t VALUES (%s, 'small')", (i,))
 
 
-def transactions(lines: list[dict[str, Any]]) -> list[int]:
-    """The xids of the complete transactions in a probe's output, checking that the output
-    is a sequence of whole transactions."""
-    xids: list[int] = []
-    open_xid = None
-    for ln in lines:
-        if ln["cb"] == "begin":
-            assert open_xid is None, f"transaction {ln['xid']} began inside {open_xid}"
-            open_xid = ln["xid"]
-        elif ln["cb"] == "commit":
-            assert open_xid == ln["xid"]
-            xids.append(ln["xid"])
-            open_xid = None
-    assert open_xid is None, f"transaction {open_xid} is cut short"
-    return xids
-
-
 def check_exactly_once(conninfo: str, lines: list[dict[str, Any]]) -> None:
-    xids = transactions(lines)
+    xids = committed_xids(lines)
     twice = [x for x, n in Counter(xids).items() if n > 1]
     assert not twice, f"transactions delivered twice: {twice}"
     ids = [int(ln["new"]["id"]) for ln in lines if ln["cb"] == "change"]
@@ -325,7 +309,7 @@ def test_prepared_transaction_pending_across_kill9(db: Any, env: dict[str, str],
     assert len(prepared_xids) == 1
     (xid,) = prepared_xids
     # Delivered at COMMIT PREPARED: after the transactions committed before that.
-    order = transactions(lines)
+    order = committed_xids(lines)
     committed_before = {ln["xid"] for ln in lines if ln["cb"] == "change"
                         and 100 <= int(ln["new"]["id"]) < 110}
     assert committed_before
@@ -434,7 +418,7 @@ def test_signal_finishes_transaction_and_acknowledges(db: Any, env: dict[str, st
     finally:
         assert stop_process(proc, sig) == 0, (tmp_path / "stderr").read_text()
     lines = read_lines(out)
-    xids = transactions(lines)  # whole transactions only
+    xids = committed_xids(lines)  # whole transactions only
     assert len(xids) >= 6  # it was writing the first large one: that one was finished
     last_end = LSN([ln["end_lsn"] for ln in lines if ln["cb"] == "commit"][-1])
     progress = LSN(json.loads(Path(f"{out}.progress").read_text())["lsn"])

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from capture import Captured, peek, pgoutput_options
 from recorders import (
     Event,
     Recorder,
@@ -17,44 +14,20 @@ from recorders import (
     apply_streams,
     apply_two_phase,
 )
-from workload import Facts, create_schema, run_workload
+from streamkit import WorkloadCapture
 
 from plugin_framework import UNCHANGED_TOAST, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.framework import CallbackError
 
 
-@dataclass
-class Stream:
-    db: Any
-    facts: Facts
-    slot: str
-    proto: int
-
-    def capture(self, streaming: bool) -> list[Captured]:
-        return peek(self.db.connect(autocommit=True), self.slot,
-                    pgoutput_options(self.proto, streaming="on" if streaming else "off"))
-
-
-@pytest.fixture(scope="module")
-def stream(pg_module_db: Any) -> Iterator[Stream]:
-    db = pg_module_db
-    conn = db.connect(autocommit=True)
-    create_schema(conn)
-    slot = f"{db.dbname}_fw"
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
-    facts = run_workload(conn)
-    conn.close()
-    yield Stream(db, facts, slot, 4 if db.major_version >= 16 else 3)
-
-
-def run(stream: Stream, plugins: list[OutputPlugin], *, streaming: bool = True,
+def run(capture: WorkloadCapture, plugins: list[OutputPlugin], *, streaming: bool = True,
         memory_limit: int | None = None) -> Pipeline:
     kwargs = {} if memory_limit is None else {"memory_limit": memory_limit}
-    pipeline = Pipeline(proto_version=stream.proto, **kwargs)
+    pipeline = Pipeline(proto_version=capture.proto, **kwargs)
     for plugin in plugins:
         pipeline.add(plugin, output=MemoryOutput())
     pipeline.startup()
-    for item in stream.capture(streaming):
+    for item in capture.capture(streaming):
         pipeline.feed(item.data, item.lsn)
     assert not pipeline.in_flight
     pipeline.shutdown()
@@ -107,29 +80,31 @@ def server_state(db: Any, table: str) -> dict[Any, Any]:
     return out
 
 
-def test_ordinary_plugin_sees_exactly_the_committed_data(stream: Stream) -> None:
-    (rec,) = [m.plugin.plugin for m in run(stream, [Recorder()]).members]
+def test_ordinary_plugin_sees_exactly_the_committed_data(workload_capture: WorkloadCapture) -> None:
+    (rec,) = [m.plugin.plugin for m in run(workload_capture, [Recorder()]).members]
     assert isinstance(rec, Recorder)
     state = table_state(rec.events, KEYS)
     for table in ("items", "bulk", "moods", "fulltab", "parent", "child"):
-        assert state.get(table, {}) == server_state(stream.db, table), table
+        assert state.get(table, {}) == server_state(workload_capture.db, table), table
     xids = {ev[1] for ev in rec.events if ev[0] == "begin"}
-    assert stream.facts.xids["stream_abort"] not in xids
-    assert stream.facts.xids["2pc_rollback"] not in xids
-    assert stream.facts.xids["2pc_commit"] in xids and stream.facts.xids["stream"] in xids
+    assert workload_capture.facts.xids["stream_abort"] not in xids
+    assert workload_capture.facts.xids["2pc_rollback"] not in xids
+    assert workload_capture.facts.xids["2pc_commit"] in xids
+    assert workload_capture.facts.xids["stream"] in xids
 
 
-def test_reassembled_streams_equal_the_unstreamed_delivery(stream: Stream) -> None:
-    streamed = run(stream, [Recorder()], streaming=True).members[0].plugin.plugin
-    whole = run(stream, [Recorder()], streaming=False).members[0].plugin.plugin
+def test_reassembled_streams_equal_the_unstreamed_delivery(
+        workload_capture: WorkloadCapture) -> None:
+    streamed = run(workload_capture, [Recorder()], streaming=True).members[0].plugin.plugin
+    whole = run(workload_capture, [Recorder()], streaming=False).members[0].plugin.plugin
     assert streamed.events == whole.events  # type: ignore[attr-defined]
 
 
-def test_every_plugin_kind_sees_the_same_transactions(stream: Stream) -> None:
+def test_every_plugin_kind_sees_the_same_transactions(workload_capture: WorkloadCapture) -> None:
     plugins = [Recorder(), StreamRecorder(), TwoPhaseRecorder(),
                TwoPhaseRecorder(filter_gids=("gid-commit", "gid-stream")),
                StreamTwoPhaseRecorder()]
-    run(stream, plugins)
+    run(workload_capture, plugins)
     events: list[list[Event]] = [p.events for p in plugins]  # type: ignore[attr-defined]
     assert any(e[0] == "stream_abort" and e[1] != e[2] for e in events[1])  # a subxact abort
     assert apply_streams(events[1]) == events[0]
@@ -142,10 +117,10 @@ def test_every_plugin_kind_sees_the_same_transactions(stream: Stream) -> None:
     assert {e[2] for e in events[4] if e[0] == "stream_prepare"} == {"gid-stream"}
 
 
-def test_spilled_reassembly_delivers_the_same(stream: Stream) -> None:
-    small = run(stream, [Recorder(), TwoPhaseRecorder()], memory_limit=16 * 1024)
+def test_spilled_reassembly_delivers_the_same(workload_capture: WorkloadCapture) -> None:
+    small = run(workload_capture, [Recorder(), TwoPhaseRecorder()], memory_limit=16 * 1024)
     assert small.budget.spilled_bytes > 100_000
-    big = run(stream, [Recorder(), TwoPhaseRecorder()])
+    big = run(workload_capture, [Recorder(), TwoPhaseRecorder()])
     assert big.budget.spilled_bytes == 0
     for a, b in zip(small.members, big.members, strict=True):
         assert a.plugin.plugin.events == b.plugin.plugin.events  # type: ignore[attr-defined]
@@ -159,10 +134,10 @@ class OriginFilter(Recorder):
         return origin == self.origin
 
 
-def test_filter_by_origin_skips_whole_transactions(stream: Stream) -> None:
-    plain, filtering = Recorder(), OriginFilter(stream.facts.origin)
-    run(stream, [plain, filtering])
-    origin_xid = stream.facts.xids["origin"]
+def test_filter_by_origin_skips_whole_transactions(workload_capture: WorkloadCapture) -> None:
+    plain, filtering = Recorder(), OriginFilter(workload_capture.facts.origin)
+    run(workload_capture, [plain, filtering])
+    origin_xid = workload_capture.facts.xids["origin"]
     assert ("begin", origin_xid) in plain.events
     expected = []
     skipping = False
@@ -176,11 +151,11 @@ def test_filter_by_origin_skips_whole_transactions(stream: Stream) -> None:
     assert filtering.events == expected
 
 
-def test_truncate_and_messages(stream: Stream) -> None:
+def test_truncate_and_messages(workload_capture: WorkloadCapture) -> None:
     rec = Recorder()
-    run(stream, [rec])
+    run(workload_capture, [rec])
     assert ("truncate", ("child", "parent"), True, True) in rec.events
-    f = stream.facts
+    f = workload_capture.facts
     msgs = [e for e in rec.events if e[0] == "message"]
     assert ("message", True, "pgdecode", "transactional €".encode(), f.message_lsns["tx"]) in msgs
     assert ("message", False, "pgdecode", b"at once", f.message_lsns["nontx"]) in msgs
@@ -192,9 +167,9 @@ class Exploding(Recorder):
             raise RuntimeError("boom")
 
 
-def test_callback_errors_carry_postgresql_style_context(stream: Stream) -> None:
+def test_callback_errors_carry_postgresql_style_context(workload_capture: WorkloadCapture) -> None:
     with pytest.raises(CallbackError) as info:
-        run(stream, [Exploding()])
+        run(workload_capture, [Exploding()])
     text = str(info.value)
     assert text.startswith('output plugin "recorder", in the change callback, associated LSN ')
     assert text.endswith("RuntimeError: boom")
@@ -217,8 +192,8 @@ class TwoPhaseDeclined(TwoPhaseRecorder):
         ctx.twophase = False
 
 
-def test_startup_can_decline_streaming_and_two_phase(stream: Stream) -> None:
+def test_startup_can_decline_streaming_and_two_phase(workload_capture: WorkloadCapture) -> None:
     plugins = [Recorder(), StreamingDeclined(), TwoPhaseDeclined()]
-    run(stream, plugins)
+    run(workload_capture, plugins)
     ordinary, no_stream, no_2pc = (p.events for p in plugins)  # type: ignore[attr-defined]
     assert no_stream == ordinary and no_2pc == ordinary

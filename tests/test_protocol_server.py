@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from capture import Captured, LiveCapture, peek, pgoutput_options
+from capture import Captured, peek, pgoutput_options
+from streamkit import LiveCapture
 from workload import STREAM_ROWS, Facts, create_schema, run_workload
 
 from plugin_framework.protocol import (

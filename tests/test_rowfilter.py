@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import pytest
 from capture import peek, pgoutput_options
-from recorders import Event, Recorder
+from recorders import Event, Recorder, changes_by_transaction
 
 from plugin_framework import MemoryOutput, Pipeline
 from plugin_framework.rowfilter import (
@@ -72,22 +71,7 @@ def decode(db: Any, slot: str, publication: str, filters: PublicationFilters | N
     for item in captured:
         pipeline.feed(item.data, item.lsn)
     pipeline.shutdown()
-    return transactions(rec.events)
-
-
-def transactions(events: Sequence[Event]) -> list[list[Event]]:
-    out: list[list[Event]] = []
-    current: list[Event] | None = None
-    for ev in events:
-        if ev[0] == "begin":
-            current = []
-        elif ev[0] == "commit":
-            if current:
-                out.append(current)
-            current = None
-        elif current is not None and ev[0] in ("change", "truncate"):
-            current.append(ev)
-    return out
+    return changes_by_transaction(rec.events)
 
 
 def subscriber(txns: list[list[Event]], keys: dict[str, tuple[str, ...]]) -> dict[str, set[Any]]:

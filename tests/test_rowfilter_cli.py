@@ -4,10 +4,13 @@ over a capture of the unfiltered one give the same output; bad filters get the s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from streamkit import run_stream
 
 
 def pgdecode(*args: str) -> subprocess.CompletedProcess[str]:
@@ -15,11 +18,12 @@ def pgdecode(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
-def stream(db: Any, slot: str, publication: str, out: Path, end: str,
-           *extra: str) -> subprocess.CompletedProcess[str]:
-    return pgdecode("stream", "-d", db.conninfo, "-S", slot, "--publication", publication,
-                    "-E", end, "-q", "--emitter", "text", "-o", "include-xids=0",
-                    "-f", str(out), *extra)
+def stream_text(db: Any, slot: str, publication: str, out: Path, end: str,
+                *extra: str) -> subprocess.CompletedProcess[str]:
+    """``pgdecode stream`` with the text emitter, without xids (they differ between slots)."""
+    return run_stream(db.conninfo, slot, out, "--publication", publication, "-E", end, "-q",
+                      "--emitter", "text", "-o", "include-xids=0", *extra,
+                      env=dict(os.environ), timeout=300)
 
 
 def capture(db: Any, slot: str, publication: str, out: Path, end: str) -> None:
@@ -59,10 +63,10 @@ def test_cli_filters_match_the_servers(db: Any, tmp_path: Path) -> None:
     server_slot, client_slot = f"{db.dbname}_server", f"{db.dbname}_client"
     end = filtered_workload(db, server_slot, client_slot)
     server, client = tmp_path / "server.out", tmp_path / "client.out"
-    done = stream(db, server_slot, "filtered", server, end)
+    done = stream_text(db, server_slot, "filtered", server, end)
     assert done.returncode == 0, done.stderr
-    done = stream(db, client_slot, "everything", client, end,
-                  "--filters-from-publication", "filtered")
+    done = stream_text(db, client_slot, "everything", client, end,
+                       "--filters-from-publication", "filtered")
     assert done.returncode == 0, done.stderr
     lines = client.read_text().splitlines()
     assert lines == server.read_text().splitlines()
@@ -85,8 +89,8 @@ def test_bad_filter_fails_before_streaming(db: Any, tmp_path: Path) -> None:
     before = db.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
                         "WHERE slot_name = %s", (slot,))
     db.execute("INSERT INTO t VALUES (1, 1)")
-    done = stream(db, slot, "p", tmp_path / "out", "1/0", "--row-filter",
-                  "public.t:(random() > 0.5)")
+    done = stream_text(db, slot, "p", tmp_path / "out", "1/0", "--row-filter",
+                       "public.t:(random() > 0.5)")
     assert done.returncode == 1
     assert "invalid publication WHERE expression" in done.stderr
     assert "Traceback" not in done.stderr
@@ -104,11 +108,11 @@ def test_replay_filters_as_stream(db: Any, tmp_path: Path) -> None:
     server, client, captured = (f"{db.dbname}_{s}" for s in ("server", "client", "capture"))
     end = filtered_workload(db, server, client, captured)
     streamed = {"server": tmp_path / "server.out", "client": tmp_path / "client.out"}
-    done = stream(db, server, "filtered", streamed["server"], end)
+    done = stream_text(db, server, "filtered", streamed["server"], end)
     assert done.returncode == 0, done.stderr
     options = ("--row-filter", "public.t:(region = 'NSW' AND id > 2)",
                "--column-list", "public.t:id,region")
-    done = stream(db, client, "everything", streamed["client"], end, *options)
+    done = stream_text(db, client, "everything", streamed["client"], end, *options)
     assert done.returncode == 0, done.stderr
     expected = streamed["server"].read_text().splitlines()
     assert streamed["client"].read_text().splitlines() == expected
@@ -133,7 +137,8 @@ def test_replay_column_list_without_a_connection(db: Any, tmp_path: Path) -> Non
     client, captured = f"{db.dbname}_client", f"{db.dbname}_capture"
     end = filtered_workload(db, client, captured)
     streamed = tmp_path / "streamed.out"
-    done = stream(db, client, "everything", streamed, end, "--column-list", "public.t:region,id")
+    done = stream_text(db, client, "everything", streamed, end,
+                       "--column-list", "public.t:region,id")
     assert done.returncode == 0, done.stderr
     pgd = tmp_path / "everything.pgd"
     capture(db, captured, "everything", pgd, end)
@@ -161,7 +166,7 @@ def test_replay_refuses_bad_filters_as_stream(db: Any, tmp_path: Path) -> None:
            ("--row-filter", "n > 0"),
            ("--filters-from-publication", "nope")]
     for extra in bad:
-        streamed = stream(db, slot, "everything", tmp_path / "streamed", end, *extra)
+        streamed = stream_text(db, slot, "everything", tmp_path / "streamed", end, *extra)
         replayed = replay(pgd, out, "-d", db.conninfo, *extra)
         assert streamed.returncode == 1 and "Traceback" not in streamed.stderr, streamed.stderr
         assert (replayed.returncode, replayed.stderr) == (1, streamed.stderr), extra

@@ -12,7 +12,8 @@ from emitters.json.options import OPTIONS
 from emitters.json.relation import Plan, opaque_columns, row, row_mixed
 from emitters.options import parse_options
 from plugin_framework import LSN, OutputPlugin
-from plugin_framework.pgtypes import KIND_BINARY, TypeConverters
+from plugin_framework.framework import KIND_BINARY
+from plugin_framework.pgtypes import TypeConverters
 
 __all__ = ["JsonEmitter"]
 

@@ -10,13 +10,8 @@ from typing import Any, Final
 import orjson
 
 from emitters.json.fast import row_format
-from plugin_framework.pgtypes import (
-    KIND_BINARY,
-    KIND_NULL,
-    KIND_TEXT,
-    KIND_UNCHANGED_TOAST,
-    TypeConverters,
-)
+from plugin_framework.framework import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
+from plugin_framework.pgtypes import TypeConverters
 
 __all__ = ["Plan", "opaque_columns", "row", "row_mixed"]
 

@@ -30,11 +30,23 @@ from plugin_framework.framework.model import (
     TruncateChange,
 )
 from plugin_framework.framework.plugin import LoadedPlugin, OutputPlugin, PluginLoadError
+from plugin_framework.framework.spool import Spool, SpoolBudget
+from plugin_framework.protocol import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED_TOAST,
+    TupleData,
+)
 
+# Row.data is a TupleData: a kind per column (KIND_TEXT, KIND_NULL, KIND_UNCHANGED_TOAST,
+# KIND_BINARY) and the raw values, for plugins that format the server's bytes without decoding.
+# Spool and SpoolBudget hold output (or anything) in bounded memory, spilling to a file.
 __all__ = [
-    "DEFAULT_MEMORY_LIMIT", "Action", "CallbackError", "Catalog", "CatalogError", "Change",
+    "DEFAULT_MEMORY_LIMIT", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST",
+    "Action", "CallbackError", "Catalog", "CatalogError", "Change",
     "Column", "FileOutput", "LoadedPlugin", "LogicalDecodingContext", "MemoryOutput", "Output",
     "OutputError", "OutputPlugin", "OutputPluginOptions", "OutputRecord", "OutputType",
-    "Pipeline", "PipelineError", "PluginLoadError", "Relation", "Row", "Transaction",
-    "TruncateChange", "hookimpl",
+    "Pipeline", "PipelineError", "PluginLoadError", "Relation", "Row", "Spool", "SpoolBudget",
+    "Transaction", "TruncateChange", "TupleData", "hookimpl",
 ]

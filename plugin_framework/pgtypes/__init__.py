@@ -32,10 +32,9 @@ from plugin_framework.pgtypes.quote import (
     quote_standard_literal,
 )
 from plugin_framework.pgtypes.text import Converter, parse_array_text
-from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 
 __all__ = [
-    "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST", "NATIVE_KIND", "TYPNAMES",
+    "NATIVE_KIND", "TYPNAMES",
     "VERSIONED_KEYWORDS", "Converter", "TypeConverters", "TypeNames", "format_type",
     "format_type_be", "format_type_sql", "iso_interval", "parse_array_text", "pg_float8_text",
     "quote_ident_always", "quote_identifier", "quote_literal", "quote_standard_literal",

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugin_framework.spark.batcher import ForeachBatchPlugin, MicroBatchOutput
+from plugin_framework.spark.batcher import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DELAY,
+    DEFAULT_MAX_ROWS,
+    BatchFunction,
+    ForeachBatchPlugin,
+    MicroBatchOutput,
+)
 from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter, read_state, state_path
@@ -23,7 +30,8 @@ from plugin_framework.spark.stream import ForeachBatchStream
 from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
 
 __all__ = [
-    "CHANGE_COLUMNS", "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
+    "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS", "BatchFunction",
+    "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
     "ForeachBatchPlugin", "ForeachBatchStream", "MicroBatchOutput", "PgoutputDataSource",
     "TableInfo", "TableStateWriter", "arrow_schema", "change_schema", "lsn_text",
     "read_state", "spark_type", "split_tables", "state_path", "table_infos",
