@@ -19,7 +19,7 @@ format the server used.
 The fast path: where the C module ``emitters._jsonrow`` is built (it is, by ``pip install``
 with a C compiler), each relation's plan also gets a ``RowFormat`` that writes the line of an
 Insert, Update or Delete straight from the pgoutput message, which the pipeline then uses
-instead of decoding the message and calling ``change`` (``ctx.fast_change``). It takes the
+instead of decoding the message and calling ``change`` (``fast_change``). It takes the
 common forms of the common types' text; it hands any other value to the column's Python
 converter, and anything else (binary-format columns, malformed data) back to ``change``, so
 the lines are the same either way: tests/test_json_native.py holds the two to that.
@@ -1100,11 +1100,12 @@ class JsonEmitter(OutputPlugin):
 
     def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
         values = parse_options(OPTIONS, ctx.output_plugin_options or {})
-        state = ctx.output_plugin_private = _State(values, ctx.catalog)
-        if _jsonrow is not None:
-            ctx.fast_change = lambda relation: state.plan(relation).fast
+        ctx.output_plugin_private = _State(values, ctx.catalog)
         if not values["two-phase"]:
             ctx.twophase = False  # prepared transactions then arrive whole, at COMMIT PREPARED
+
+    def fast_change(self, ctx: Any, relation: Any) -> Any:
+        return ctx.output_plugin_private.plan(relation).fast  # None without emitters._jsonrow
 
     # -- transactions
 

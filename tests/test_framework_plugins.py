@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
 import pytest
 
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, OutputType, Pipeline, hookimpl
-from plugin_framework.framework import LoadedPlugin, OutputError, PluginLoadError
+from plugin_framework.framework import LoadedPlugin, OutputError, PluginLoadError, hookspecs
+from plugin_framework.framework.callbacks import CALLBACK_ARGS, CALLBACK_TABLE
 from plugin_framework.protocol import Begin, Commit, Insert, Relation, RelationColumn, TupleData
 from plugin_framework.protocol.pgtime import PG_EPOCH
 
@@ -24,6 +26,29 @@ def test_minimal_plugin_loads_with_only_its_callbacks() -> None:
     assert set(loaded.callbacks) == {"begin", "change", "commit"}
     assert not loaded.streaming and not loaded.two_phase
     assert loaded.name == "Minimal"
+
+
+def test_hookspecs_are_the_callback_table() -> None:
+    """hookspecs.py documents the callbacks of callbacks.py: the same names, the same
+    argument names in the same order, and a docstring for each."""
+    specs = {name: fn for name, fn in vars(hookspecs).items()
+             if inspect.isfunction(fn) and hasattr(fn, f"{hookspecs.PROJECT}_spec")}
+    assert set(specs) == set(CALLBACK_ARGS)
+    for name, fn in specs.items():
+        assert tuple(inspect.signature(fn).parameters) == CALLBACK_ARGS[name], name
+        assert (fn.__doc__ or "").strip(), f"hookspec {name} has no docstring"
+
+
+def test_the_callback_table_names_every_c_callback_literally() -> None:
+    """Every callback but pgdecode's own maps to its OutputPluginCallbacks member, which is
+    its name with _cb (written out in the table, so that grep finds it)."""
+    for name, cb in CALLBACK_TABLE.items():
+        if name == "fast_change":
+            assert cb.c_member is None and cb.c_type is None
+            continue
+        assert cb.c_member == f"{name}_cb"
+        assert cb.c_type is not None and cb.c_type.startswith("LogicalDecode")
+        assert cb.c_type.endswith("CB")
 
 
 @pytest.mark.parametrize("missing", ["begin", "change", "commit"])
