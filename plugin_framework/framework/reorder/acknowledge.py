@@ -67,7 +67,8 @@ class Acknowledgement(ReorderBufferState):
                 + [s.base.xid for s in self._prepared.values() if i in s.streamed_held])
 
     def _mark(self, members: Iterable[int], lsn: LSN) -> None:
-        """Everything ``members`` will ever write for WAL before ``lsn`` is written."""
+        """Everything ``members`` will ever write for WAL before ``lsn`` is written (what a
+        C plugin tells with OutputPluginUpdateProgress)."""
         done = self._done
         if lsn > self._position:
             self._position = lsn
