@@ -7,7 +7,8 @@ The same `WalsenderSource`, `Pipeline` and `FileOutput` that `pgdecode stream` b
 bench/emit.py's `EmptyPlugin` (begin, change and commit do nothing) in place of an emitter:
 the replication loop, pgoutput decoding and the dispatcher, and no formatting. No emitter
 that formats in its change callback makes `pgdecode stream` faster than this; the json
-emitter's C fast path (``ctx.fast_change``) skips decoding and the callback, and is faster.
+emitter's C fast path (its ``fast_change`` callback) skips decoding and the callback, and is
+faster.
 """
 
 from __future__ import annotations

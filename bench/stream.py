@@ -18,7 +18,7 @@ to the WAL end position (``-E``):
 - pgdecode's callback path: bench/floor_reader.py, the same source, pipeline and file output
   with a plugin that does nothing (replication loop, decoding, dispatcher; no formatting):
   what no emitter can beat through the change callback (the json emitter's C fast path,
-  ``ctx.fast_change``, goes around it);
+  its ``fast_change`` callback, goes around it);
 - startup: ``python -m plugin_framework.cli --version``, the interpreter's and imports' share.
 
 Both ask the server for the same stream, so the server's decoding cost is in both; the

@@ -1,7 +1,9 @@
 """Building frozen dataclasses on hot paths without their generated ``__init__``.
 
+(Slots as in ``__slots__``; replication slots are sources/slots.py.)
+
 A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__``, which
-costs about as much as parsing a short row. The decoder's messages, the dispatcher's
+costs about as much as parsing a short row. The decoder's messages, the reorder buffer's
 ``Change`` and a context's ``OutputRecord`` are made once per change, so their hot paths
 create the object with ``object.__new__`` and set each slot through its descriptor: the same
 object in a third of the time.

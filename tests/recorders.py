@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugin_framework import OutputPlugin
+from plugin_framework.framework import LoadedPlugin
 
 Event = tuple[Any, ...]
 
@@ -182,13 +183,19 @@ def apply_two_phase(events: list[Event]) -> list[Event]:
     return out
 
 
-def counting_fast_change(compile_: Any, counts: Counter[str]) -> Any:
-    """A plugin's ``ctx.fast_change`` that counts in ``counts`` the changes its formatters
-    write ("fast") and decline ("declined")."""
+def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True) -> LoadedPlugin:
+    """``plugin`` loaded with its ``fast_change`` callback counting in ``counts`` the changes
+    its formatters write ("fast") and decline ("declined"); with ``fast`` false, loaded
+    without it (every change through its change callback)."""
+    loaded = LoadedPlugin(plugin)
+    compile_ = loaded.callbacks.get("fast_change")
     assert compile_ is not None, "the json emitter has no fast path: is emitters._jsonrow built?"
+    if not fast:
+        del loaded.callbacks["fast_change"]
+        return loaded
 
-    def compiled(relation: Any) -> Any:
-        write = compile_(relation)
+    def compiled(ctx: Any, relation: Any) -> Any:
+        write = compile_(ctx, relation)
 
         def counted(data: bytes, lsn: Any, txn: Any) -> bytes | None:
             line = write(data, lsn, txn)
@@ -197,4 +204,5 @@ def counting_fast_change(compile_: Any, counts: Counter[str]) -> Any:
 
         return counted
 
-    return compiled
+    loaded.callbacks["fast_change"] = compiled
+    return loaded

@@ -17,7 +17,7 @@ from psycopg import sql
 from recorders import Recorder, StreamRecorder, TwoPhaseRecorder, apply_streams
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
-from plugin_framework.framework.context import Output
+from plugin_framework.framework.outputs import Output
 
 _names = count()
 

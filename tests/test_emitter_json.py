@@ -25,7 +25,7 @@ from parity_workload import run_parity_workload, setup_parity
 from pgtest import create_database, drop_database
 from psycopg import sql
 from psycopg.adapt import Loader
-from recorders import counting_fast_change
+from recorders import with_fast_path
 from workload import Facts, create_schema, run_workload
 
 from emitters.json import JsonEmitter
@@ -91,10 +91,9 @@ class Source:
         cat = Catalog(self.db.conninfo) if catalog else None
         pipeline = Pipeline(proto_version=self.proto, catalog=cat)
         out = MemoryOutput()
-        ctx = pipeline.add(JsonEmitter(), options=options, output=out)
-        pipeline.startup()
         counts = self.fast_counts[key] = Counter()
-        ctx.fast_change = counting_fast_change(ctx.fast_change, counts) if fast else None
+        pipeline.add(with_fast_path(JsonEmitter(), counts, fast), options=options, output=out)
+        pipeline.startup()
         for item in self.capture(streaming, binary):
             pipeline.feed(item.data, item.lsn)
         assert not pipeline.in_flight

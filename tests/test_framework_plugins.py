@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
 import pytest
 
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, OutputType, Pipeline, hookimpl
-from plugin_framework.framework import LoadedPlugin, OutputError, PluginLoadError
-from plugin_framework.protocol import Begin, Commit, Insert, Relation, RelationColumn, TupleData
+from plugin_framework.framework import LoadedPlugin, OutputError, PluginLoadError, hookspecs
+from plugin_framework.framework.callbacks import CALLBACK_ARGS, CALLBACK_TABLE
+from plugin_framework.protocol import (
+    Begin,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+    TupleData,
+    encode,
+)
 from plugin_framework.protocol.pgtime import PG_EPOCH
 
 
@@ -24,6 +34,29 @@ def test_minimal_plugin_loads_with_only_its_callbacks() -> None:
     assert set(loaded.callbacks) == {"begin", "change", "commit"}
     assert not loaded.streaming and not loaded.two_phase
     assert loaded.name == "Minimal"
+
+
+def test_hookspecs_are_the_callback_table() -> None:
+    """hookspecs.py documents the callbacks of callbacks.py: the same names, the same
+    argument names in the same order, and a docstring for each."""
+    specs = {name: fn for name, fn in vars(hookspecs).items()
+             if inspect.isfunction(fn) and hasattr(fn, f"{hookspecs.PROJECT}_spec")}
+    assert set(specs) == set(CALLBACK_ARGS)
+    for name, fn in specs.items():
+        assert tuple(inspect.signature(fn).parameters) == CALLBACK_ARGS[name], name
+        assert (fn.__doc__ or "").strip(), f"hookspec {name} has no docstring"
+
+
+def test_the_callback_table_names_every_c_callback_literally() -> None:
+    """Every callback but pgdecode's own maps to its OutputPluginCallbacks member, which is
+    its name with _cb (written out in the table, so that grep finds it)."""
+    for name, cb in CALLBACK_TABLE.items():
+        if name == "fast_change":
+            assert cb.c_member is None and cb.c_type is None
+            continue
+        assert cb.c_member == f"{name}_cb"
+        assert cb.c_type is not None and cb.c_type.startswith("LogicalDecode")
+        assert cb.c_type.endswith("CB")
 
 
 @pytest.mark.parametrize("missing", ["begin", "change", "commit"])
@@ -135,6 +168,34 @@ def test_textual_output_refuses_invalid_utf8_binary_accepts_it() -> None:
     _one_transaction(pipeline)
     assert [(r.lsn, r.xid, r.data) for r in out.records] == [(LSN(90), 7, b"\xff\xfe")]
     assert pipeline.flush() == LSN(120)
+
+
+def test_fast_change_is_asked_once_per_relation_per_transaction() -> None:
+    """The optional fast_change callback is declared like the others, and its formatter
+    writes the change's record in place of the change callback."""
+    asked: list[str] = []
+
+    class Fast(Minimal):
+        def fast_change(self, ctx: Any, relation: Any) -> Any:
+            asked.append(relation.name)
+            return lambda data, lsn, txn: f"fast {txn.xid}".encode()
+
+    assert LoadedPlugin(Fast()).has("fast_change")
+    out = MemoryOutput()
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(Fast(), output=out)
+    pipeline.startup()
+    rel = Relation(16401, "public", "t", "d", (RelationColumn(True, "id", 20, -1),))
+    lsn = 0x1000
+    for data in [encode(rel)] + [
+            encode(m) for xid in (7, 8) for m in (
+                Begin(LSN(0x1000 * xid), PG_EPOCH, xid),
+                Insert(16401, TupleData(b"t", (b"1",))), Insert(16401, TupleData(b"t", (b"2",))),
+                Commit(LSN(0x1000 * xid), LSN(0x1000 * xid + 0x100), PG_EPOCH))]:
+        lsn += 0x10
+        pipeline.feed(data, LSN(lsn))
+    assert asked == ["t", "t"]
+    assert out.lines == ["fast 7", "fast 7", "fast 8", "fast 8"]
 
 
 def test_writes_outside_callbacks_are_refused() -> None:

@@ -1,4 +1,4 @@
-"""The dispatcher's reorder-buffer contract on real streams from each server version."""
+"""The reorder buffer's contract (framework/reorder/) on real streams from each server version."""
 
 from __future__ import annotations
 

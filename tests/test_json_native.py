@@ -2,7 +2,7 @@
 change callback, or declines and leaves the change to it.
 
 Each example runs one transaction through two pipelines with the json emitter: one as
-``pgdecode stream`` runs it (the fast path on), one with ``ctx.fast_change`` cleared (every
+``pgdecode stream`` runs it (the fast path on), one without its ``fast_change`` callback (every
 change through the Python callback, the reference). Their outputs, or their errors, must be
 the same. Server-made values of every type are compared the same way in
 test_emitter_json.py (``test_fast_path_writes_the_callbacks_lines``).
@@ -18,13 +18,12 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recorders import counting_fast_change
+from recorders import with_fast_path
 
 from emitters.json import JsonEmitter
 from emitters.json.fast import native_code
 from plugin_framework import LSN
-from plugin_framework.framework import MemoryOutput, Pipeline
-from plugin_framework.framework.dispatcher import CallbackError
+from plugin_framework.framework import CallbackError, MemoryOutput, Pipeline
 from plugin_framework.pgtypes import NATIVE_KIND, TypeConverters
 from plugin_framework.protocol import (
     Begin,
@@ -181,9 +180,9 @@ class Run:
         self.used: Counter[str] = Counter()
         pipeline = Pipeline(proto_version=1)
         out = MemoryOutput()
-        ctx = pipeline.add(JsonEmitter(), options=options, output=out)
+        pipeline.add(with_fast_path(JsonEmitter(), self.used, fast), options=options,
+                     output=out)
         pipeline.startup()
-        ctx.fast_change = counting_fast_change(ctx.fast_change, self.used) if fast else None
         self.error: str | None = None
         lsn = 0x16B3748
         try:
@@ -374,12 +373,11 @@ def _commit() -> Commit:
 
 def _json_pipeline(fast: bool, output: Any, *, extra: Any = None) -> tuple[Pipeline, Counter[str]]:
     pipeline = Pipeline(proto_version=1)
-    ctx = pipeline.add(JsonEmitter(), output=output)
+    used: Counter[str] = Counter()
+    pipeline.add(with_fast_path(JsonEmitter(), used, fast), output=output)
     if extra is not None:
         pipeline.add(extra[0], output=extra[1])
     pipeline.startup()
-    used: Counter[str] = Counter()
-    ctx.fast_change = counting_fast_change(ctx.fast_change, used) if fast else None
     return pipeline, used
 
 
@@ -410,18 +408,18 @@ def test_prepared_transactions_take_the_fast_path_with_their_fields() -> None:
 
     out = MemoryOutput()
     pipeline = Pipeline(proto_version=3)
-    ctx = pipeline.add(JsonEmitter(), options={"two-phase": "on"}, output=out)
+    pipeline.add(JsonEmitter(), options={"two-phase": "on"}, output=out)
     pipeline.startup()
-    assert ctx.fast_change is not None
+    assert pipeline.members[0].fast_change is not None
     messages = [TABLE, BeginPrepare(LSN(0x2000000), LSN(0x2000100), WHEN, 742, "g1"),
                 Insert(16401, _row(b"1", b"a")), Prepare(LSN(0x2000000), LSN(0x2000100), WHEN,
                                                           742, "g1")]
     _feed(pipeline, messages)
     slow = MemoryOutput()
     reference = Pipeline(proto_version=3)
-    rctx = reference.add(JsonEmitter(), options={"two-phase": "on"}, output=slow)
+    reference.add(with_fast_path(JsonEmitter(), Counter(), fast=False),
+                  options={"two-phase": "on"}, output=slow)
     reference.startup()
-    rctx.fast_change = None
     _feed(reference, messages)
     assert out.lines == slow.lines
     assert orjson.loads(out.lines[0])["phase"] == "prepare"
@@ -476,18 +474,13 @@ def test_a_cut_short_transaction_is_taken_back_from_the_file(tmp_path: Any) -> N
 class _Declining(JsonEmitter):
     """A third-party fast_change: declines odd ids, writes bad UTF-8 for id 13."""
 
-    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
-        super().startup(ctx, options, is_init)
+    def fast_change(self, ctx: Any, relation: Any) -> Any:
+        def write(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
+            if b"13" in data:
+                return b"\xff"
+            return None if data[-1:] in b"13579" else b"fast"
 
-        def compiled(relation: Any) -> Any:
-            def write(data: bytes, lsn: LSN, txn: Any) -> bytes | None:
-                if b"13" in data:
-                    return b"\xff"
-                return None if data[-1:] in b"13579" else b"fast"
-
-            return write
-
-        ctx.fast_change = compiled
+        return write
 
 
 def test_formatters_may_decline_and_are_held_to_textual_output() -> None:

@@ -28,7 +28,7 @@ from streamkit import (
 )
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
-from plugin_framework.framework.context import OutputError
+from plugin_framework.framework.outputs import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
 from plugin_framework.sources.session import SourceConfig, check_proto_version, pgoutput_options

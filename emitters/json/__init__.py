@@ -25,7 +25,7 @@ same rules, so that the JSON is the same whichever format the server used.
 The fast path: where the C module ``emitters._jsonrow`` is built (it is, by ``pip install``
 with a C compiler), each relation's plan also gets a ``RowFormat`` that writes the line of an
 Insert, Update or Delete straight from the pgoutput message, which the pipeline then uses
-instead of decoding the message and calling ``change`` (``ctx.fast_change``). It takes the
+instead of decoding the message and calling ``change`` (the ``fast_change`` callback). It takes the
 common forms of the common types' text, for the converters that declare a native code
 (``pgtypes.NATIVE_KIND``); it hands any other value to the column's Python converter, and
 anything else (binary-format columns, malformed data) back to ``change``, so the lines are

@@ -81,11 +81,16 @@ class JsonEmitter(OutputPlugin):
 
     def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
         values = parse_options(OPTIONS, ctx.output_plugin_options or {})
-        state = ctx.output_plugin_private = _State(values, ctx.catalog)
-        if FAST_PATH_BUILT:
-            ctx.fast_change = lambda relation: state.plan(relation).fast
+        ctx.output_plugin_private = _State(values, ctx.catalog)
         if not values["two-phase"]:
             ctx.twophase = False  # prepared transactions then arrive whole, at COMMIT PREPARED
+
+    def fast_change(self, ctx: Any, relation: Any) -> Any:
+        """The relation's C formatter (docs/framework.md, "fast_change"); None where the C
+        module is not built, so every change goes through ``change``."""
+        if not FAST_PATH_BUILT:
+            return None
+        return ctx.output_plugin_private.plan(relation).fast
 
     # -- transactions
 

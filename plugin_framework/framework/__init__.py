@@ -4,20 +4,9 @@ from __future__ import annotations
 
 from plugin_framework.framework.catalog import Catalog, CatalogError
 from plugin_framework.framework.context import (
-    FileOutput,
     LogicalDecodingContext,
-    MemoryOutput,
-    Output,
-    OutputError,
     OutputPluginOptions,
-    OutputRecord,
     OutputType,
-)
-from plugin_framework.framework.dispatcher import (
-    DEFAULT_MEMORY_LIMIT,
-    CallbackError,
-    Pipeline,
-    PipelineError,
 )
 from plugin_framework.framework.hookspecs import hookimpl
 from plugin_framework.framework.model import (
@@ -29,7 +18,20 @@ from plugin_framework.framework.model import (
     Transaction,
     TruncateChange,
 )
+from plugin_framework.framework.outputs import (
+    FileOutput,
+    MemoryOutput,
+    Output,
+    OutputError,
+    OutputRecord,
+)
 from plugin_framework.framework.plugin import LoadedPlugin, OutputPlugin, PluginLoadError
+from plugin_framework.framework.reorder import (
+    DEFAULT_MEMORY_LIMIT,
+    CallbackError,
+    Pipeline,
+    PipelineError,
+)
 from plugin_framework.framework.spool import Spool, SpoolBudget
 from plugin_framework.protocol import (
     KIND_BINARY,

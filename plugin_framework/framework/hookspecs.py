@@ -131,3 +131,19 @@ def stream_message(ctx: Any, txn: Any, message_lsn: Any, transactional: bool, pr
 @hookspec(firstresult=True)
 def stream_truncate(ctx: Any, txn: Any, relations: Any, change: Any) -> None:
     """A TRUNCATE inside a stream block."""
+
+
+@hookspec(firstresult=True)
+def fast_change(ctx: Any, relation: Any) -> Any:
+    """Optional, pgdecode's own (no C counterpart in OutputPluginCallbacks): a formatter of
+    ``relation``'s row changes straight from their pgoutput bytes, or None to leave that
+    relation's changes to ``change``.
+
+    The formatter is called as ``write(data, lsn, txn)`` with an Insert, Update or Delete
+    message as the server sent it, and returns the one record ``change`` would have written
+    for it, or None to have ``change`` called for that change after all. The pipeline asks
+    once per relation per transaction, and uses the formatter only where ``change`` would get
+    the message's change unaltered (no row filter or column list) in an ordinary or prepared
+    transaction; it writes the record at the change's LSN as ``ctx.emit`` would. Streamed and
+    replayed transactions always go to ``change``, which stays the reference. It exists for
+    speed: the json emitter's formatter is written in C."""

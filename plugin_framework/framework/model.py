@@ -68,7 +68,8 @@ class Column:
 
 @dataclass(frozen=True, eq=False)
 class Relation:
-    """A table as described by the server's last Relation message for it."""
+    """A table as described by the server's last Relation message for it (the Relation, a
+    pointer to RelationData, that the C callbacks receive)."""
 
     relation_id: int
     namespace: str  # "pg_catalog" where the server sends ""
@@ -110,7 +111,11 @@ class Relation:
 
 
 class Row:
-    """One tuple of a change, bound to its relation. Values convert only when read."""
+    """One tuple of a change, bound to its relation. Values convert only when read.
+
+    ReorderBufferChange's ``newtuple`` / ``oldtuple`` (a HeapTuple since PostgreSQL 17, a
+    ReorderBufferTupleBuf before).
+    """
 
     __slots__ = ("data", "relation")
 
@@ -174,9 +179,11 @@ class Row:
 
 
 class Action(StrEnum):
-    INSERT = "INSERT"
-    UPDATE = "UPDATE"
-    DELETE = "DELETE"
+    """A row change's kind (ReorderBufferChangeType's row values)."""
+
+    INSERT = "INSERT"  # REORDER_BUFFER_CHANGE_INSERT
+    UPDATE = "UPDATE"  # REORDER_BUFFER_CHANGE_UPDATE
+    DELETE = "DELETE"  # REORDER_BUFFER_CHANGE_DELETE
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,14 +203,14 @@ class Change:
     xid: int | None = None  # the (sub)transaction that made it, inside stream blocks
 
 
-# The dispatcher builds a Change for every row change, by setting its slots (see _slots.py).
+# The reorder buffer builds a Change for every row change, by setting its slots (see _slots.py).
 (_SET_ACTION, _SET_RELATION, _SET_NEW, _SET_OLD, _SET_OLD_IS_KEY, _SET_LSN, _SET_XID) = (
     slot_setters(Change, "action", "relation", "new", "old", "old_is_key", "lsn", "xid"))
 
 
 def new_change(action: Action, relation: Relation, new: Row | None, old: Row | None,
                old_is_key: bool, lsn: LSN, xid: int | None) -> Change:
-    """``Change(...)``, faster (for the dispatcher's hot path)."""
+    """``Change(...)``, faster (for the reorder buffer's hot path)."""
     change: Change = new_object(Change)
     _SET_ACTION(change, action)
     _SET_RELATION(change, relation)
@@ -217,6 +224,8 @@ def new_change(action: Action, relation: Relation, new: Row | None, old: Row | N
 
 @dataclass(frozen=True, slots=True)
 class TruncateChange:
+    """A TRUNCATE (ReorderBufferChange of REORDER_BUFFER_CHANGE_TRUNCATE): its options."""
+
     cascade: bool
     restart_identity: bool
     lsn: LSN

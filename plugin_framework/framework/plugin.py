@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from plugin_framework.framework import hookspecs
+import plugin_framework.framework.hookspecs as hookspecs
 from plugin_framework.framework.callbacks import (
     CALLBACK_ARGS,
     CALLBACKS,
@@ -77,7 +77,9 @@ def _check_spelling(plugin: object, label: str) -> None:
 
 
 class LoadedPlugin:
-    """A validated plugin: its callables and its capabilities."""
+    """A validated plugin: its callables and its capabilities. What a C plugin's
+    _PG_output_plugin_init fills in (its OutputPluginCallbacks), checked as logical.c checks
+    it."""
 
     def __init__(self, plugin: object, name: str | None = None) -> None:
         label = name or getattr(plugin, "name", None) or _default_name(plugin)

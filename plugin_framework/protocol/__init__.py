@@ -55,12 +55,19 @@ from plugin_framework.protocol.messages import (
     Update,
 )
 from plugin_framework.protocol.pgtime import PG_EPOCH, from_pg_micros, to_pg_micros
-from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_TAGS, id_after_tag, is_row_change
+from plugin_framework.protocol.raw import (
+    ID_AFTER_TAG,
+    ROW_CHANGE_MIN_SIZE,
+    ROW_CHANGE_TAGS,
+    id_after_tag,
+    is_row_change,
+)
 from plugin_framework.protocol.tags import MessageTag, TupleKind
 
 __all__ = [
     "ID_AFTER_TAG", "INVALID_LSN", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST",
-    "LSN", "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "ROW_CHANGE_TAGS",
+    "LSN", "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "ROW_CHANGE_MIN_SIZE",
+    "ROW_CHANGE_TAGS",
     "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Commit", "CommitPrepared", "Decoder", "Delete",
     "Insert", "InvalidFieldError", "LogicalMessage", "Message", "MessageTag", "Origin", "Prepare",
     "PrimaryKeepalive", "ProtocolError", "Relation", "RelationColumn", "RollbackPrepared",

@@ -14,12 +14,12 @@ ROW_CHANGE_TAGS: Final[frozenset[int]] = frozenset(
 # The 32-bit field after a row change's tag is its (sub)transaction xid inside a stream block,
 # else its relation id.
 ID_AFTER_TAG: Final = struct.Struct(">I")
-_MIN_SIZE: Final = 1 + ID_AFTER_TAG.size
+ROW_CHANGE_MIN_SIZE: Final = 1 + ID_AFTER_TAG.size  # the tag and the id
 
 
 def is_row_change(data: bytes) -> bool:
     """Whether ``data`` is an Insert, Update or Delete long enough to carry its id."""
-    return len(data) >= _MIN_SIZE and data[0] in ROW_CHANGE_TAGS
+    return len(data) >= ROW_CHANGE_MIN_SIZE and data[0] in ROW_CHANGE_TAGS
 
 
 def id_after_tag(data: bytes) -> int:

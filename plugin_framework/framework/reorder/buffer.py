@@ -1,0 +1,156 @@
+"""The reorder buffer's state (PostgreSQL's ReorderBuffer struct), and the lookups every
+part of it shares: a member's view of a transaction, a relation by id, the Change a row
+message describes, who filters a transaction out.
+
+Each job of the buffer is a class built on this one (acknowledge.py, replay.py,
+transactions.py, twophase.py, streams.py); ``Pipeline`` (pipeline.py) is all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from plugin_framework.framework.model import (
+    Action,
+    Change,
+    Relation,
+    Row,
+    Transaction,
+    TruncateChange,
+    new_change,
+)
+from plugin_framework.framework.reorder.members import Member
+from plugin_framework.framework.reorder.txn import PipelineError, TxnState
+from plugin_framework.framework.spool import SpoolBudget
+from plugin_framework.protocol import LSN, Decoder, Delete, Insert, Truncate, Update
+
+DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024  # logical_decoding_work_mem's default
+INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
+
+
+class ReorderBufferState:
+    """What the reorder buffer knows between messages."""
+
+    def __init__(self, *, proto_version: int, memory_limit: int, spool_dir: str | None,
+                 slot_name: str | None, catalog: Any) -> None:
+        self.proto_version = proto_version
+        self.decoder = Decoder(proto_version)
+        self.members: list[Member] = []
+        self.slot_name = slot_name
+        self.catalog = catalog
+        self.server_version: int | None = None  # see set_server_version
+        self.budget = SpoolBudget(memory_limit, spool_dir)
+        self.relations: dict[int, Relation] = {}
+        self.type_names: dict[int, tuple[str, str]] = {}
+        self._txn: TxnState | None = None  # the ordinary or prepared transaction open now
+        self._streams: dict[int, TxnState] = {}  # streamed transactions, by xid
+        self._stream: TxnState | None = None  # the one whose stream block is open now
+        self._prepared: dict[str, TxnState] = {}  # prepared, awaiting their outcome, by gid
+        # Per member: the end LSN of the last transaction it has had (or its output already
+        # held when the pipeline started). A transaction whose commit record lies before it
+        # was delivered already: the server re-sends such after a reconnect or a crash.
+        self._done: list[LSN] = []
+        self._position = LSN(0)
+        self._started = False
+        # Applied to every change before any plugin sees it: returns the change, a transformed
+        # one (an UPDATE that becomes an INSERT or DELETE), or None to drop it. Row filters
+        # and column lists are built on it. TRUNCATE is never filtered.
+        self.change_filter: Callable[[Change], Change | None] | None = None
+        # TRUNCATE is never filtered by row, but a publication's publish options and its
+        # tables decide which relations of a TRUNCATE are delivered: the relations left, or
+        # none (then no truncate callback runs).
+        self.truncate_filter: Callable[[list[Relation]], list[Relation]] | None = None
+        self.transactions = 0  # finished transactions (any outcome), for progress reports
+        self.changes = 0
+
+    # --- a member's part of a transaction -------------------------------------------------------
+
+    def _view(self, state: TxnState, i: int) -> Transaction:
+        """Member i's own copy of the transaction (plugins may annotate theirs)."""
+        view = state.views.get(i)
+        if view is None:
+            view = state.views[i] = replace(state.base)
+        return view
+
+    def _savepoint(self, state: TxnState, i: int) -> None:
+        output = self.members[i].ctx.output
+        savepoint = getattr(output, "savepoint", None)
+        rollback_to = getattr(output, "rollback_to", None)
+        if savepoint is not None and rollback_to is not None:
+            state.rollbacks.append(partial(rollback_to, savepoint()))
+
+    def _close(self, state: TxnState) -> None:
+        """Release the transaction's spool."""
+        if state.spool is not None:
+            state.spool.close()
+            state.spool = None
+
+    def _origin_filtered(self, state: TxnState) -> list[int]:
+        """The members whose filter_by_origin skips this transaction."""
+        origin = state.base.origin
+        if not origin:
+            return []
+        skipped = []
+        for i, m in enumerate(self.members):
+            if m.plugin.has("filter_by_origin") and m.call(
+                "filter_by_origin", state.base.final_lsn or LSN(0), state.base.xid, origin,
+                writes=False,
+            ):
+                skipped.append(i)
+        return skipped
+
+    def _filters_prepare(self, m: Member, base: Transaction) -> bool:
+        return bool(m.plugin.has("filter_prepare") and m.call(
+            "filter_prepare", base.final_lsn or LSN(0), base.xid, base.xid, base.gid,
+            writes=False,
+        ))
+
+    # --- what a message describes --------------------------------------------------------------
+
+    def _relation(self, relid: int, state: TxnState | None) -> Relation:
+        if state is not None:
+            rel = state.relations.get(relid)
+            if rel is not None:
+                return rel
+        try:
+            return self.relations[relid]
+        except KeyError:
+            raise PipelineError(
+                f"change for relation OID {relid}, which the stream has not described: "
+                "the stream must be read from the slot's start, not from the middle"
+            ) from None
+
+    def _change(self, m: Insert | Update | Delete, lsn: LSN,
+                state: TxnState | None) -> Change | None:
+        """The Change a message describes, after ``change_filter`` (None: filtered out)."""
+        rel = self._relation(m.relation_id, state)
+        change: Change
+        if type(m) is Insert:
+            change = new_change(INSERT, rel, Row(rel, m.new), None, False, lsn, m.xid)
+        elif type(m) is Update:
+            before = m.key if m.key is not None else m.old
+            change = new_change(UPDATE, rel, Row(rel, m.new),
+                                None if before is None else Row(rel, before), m.key is not None,
+                                lsn, m.xid)
+        else:
+            assert isinstance(m, Delete)
+            before = m.key if m.key is not None else m.old
+            assert before is not None
+            change = new_change(DELETE, rel, None, Row(rel, before), m.key is not None, lsn,
+                                m.xid)
+        if self.change_filter is not None:
+            return self.change_filter(change)
+        return change
+
+    def _truncate_args(self, m: Truncate, lsn: LSN,
+                       state: TxnState | None) -> tuple[Any, ...] | None:
+        """(relations, TruncateChange), after ``truncate_filter`` (None: nothing left)."""
+        rels = [self._relation(r, state) for r in m.relation_ids]
+        if self.truncate_filter is not None:
+            rels = self.truncate_filter(rels)
+            if not rels:
+                return None
+        return rels, TruncateChange(m.cascade, m.restart_identity, lsn, m.xid)

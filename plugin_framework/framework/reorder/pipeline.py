@@ -1,0 +1,314 @@
+"""The pipeline: PostgreSQL's ReorderBuffer for a pgoutput stream. Messages go in (``feed``
+with their bytes, or ``handle`` decoded); output-plugin callbacks come out with the reorder
+buffer's contract:
+
+- Only committed transactions reach begin/change/commit, in commit order.
+- Streamed transactions reach plugins with stream callbacks block by block; plugins without
+  them get the transaction reassembled at Stream Commit, subtransaction aborts applied, and
+  nothing for an aborted stream (streams.py).
+- Prepared transactions reach two-phase plugins at PREPARE (unless filter_prepare says no);
+  the others get them as ordinary transactions at COMMIT PREPARED, nothing at ROLLBACK
+  PREPARED (twophase.py).
+- filter_by_origin skips a whole transaction for the plugin that asks.
+
+Each plugin has its own context, options, private state and output. The pipeline knows up to
+which LSN every output is durable, and never reports past a prepared transaction that some
+plugin still waits for (acknowledge.py).
+
+This module holds the set-up, the input routes, and the messages that belong to a stream
+block or to a transaction alike (Relation, Origin, row changes, TRUNCATE, messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from plugin_framework.framework.context import LogicalDecodingContext
+from plugin_framework.framework.model import Relation, Transaction
+from plugin_framework.framework.outputs import FileOutput, Output
+from plugin_framework.framework.plugin import LoadedPlugin
+from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT
+from plugin_framework.framework.reorder.members import Member
+from plugin_framework.framework.reorder.streams import Streams
+from plugin_framework.framework.reorder.twophase import TwoPhase
+from plugin_framework.framework.reorder.txn import PipelineError
+from plugin_framework.protocol import (
+    LSN,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Decoder,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+    encode,
+)
+from plugin_framework.protocol import Relation as RelationMessage
+from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_MIN_SIZE, ROW_CHANGE_TAGS
+
+_UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
+
+
+class Pipeline(Streams, TwoPhase):
+    """Drives output plugins from pgoutput messages (the ReorderBuffer of a slot)."""
+
+    def __init__(self, *, proto_version: int = 4, memory_limit: int = DEFAULT_MEMORY_LIMIT,
+                 spool_dir: str | None = None, slot_name: str | None = None,
+                 catalog: Any = None) -> None:
+        super().__init__(proto_version=proto_version, memory_limit=memory_limit,
+                         spool_dir=spool_dir, slot_name=slot_name, catalog=catalog)
+        self._handlers: dict[type, Callable[[Any, LSN, bytes | None], None]] = {
+            Begin: self._on_begin, Commit: self._on_commit, Origin: self._on_origin,
+            RelationMessage: self._on_relation, Type: self._on_type,
+            Insert: self._on_change, Update: self._on_change, Delete: self._on_change,
+            Truncate: self._on_truncate, LogicalMessage: self._on_message,
+            BeginPrepare: self._on_begin_prepare, Prepare: self._on_prepare,
+            CommitPrepared: self._on_commit_prepared,
+            RollbackPrepared: self._on_rollback_prepared,
+            StreamStart: self._on_stream_start, StreamStop: self._on_stream_stop,
+            StreamCommit: self._on_stream_commit, StreamAbort: self._on_stream_abort,
+            StreamPrepare: self._on_stream_prepare,
+        }
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def set_proto_version(self, proto_version: int) -> None:
+        """The protocol version the source negotiated (before startup)."""
+        self.proto_version = proto_version
+        self.decoder = Decoder(proto_version)
+
+    def set_server_version(self, server_version: int | None) -> None:
+        """The server the stream comes from (``server_version_num``, e.g. 150004), as every
+        plugin's ``ctx.server_version``: emitters that print as the server does need it."""
+        self.server_version = server_version
+        for m in self.members:
+            m.ctx.server_version = server_version
+
+    def add(self, plugin: object, *, options: Mapping[str, str | None] | None = None,
+            output: Output | None = None, name: str | None = None) -> LogicalDecodingContext:
+        """Add a plugin (OutputPlugin instance, hookimpl object, or LoadedPlugin)."""
+        if self._started:
+            raise PipelineError("plugins must be added before startup()")
+        loaded = plugin if isinstance(plugin, LoadedPlugin) else LoadedPlugin(plugin, name)
+        ctx = LogicalDecodingContext(
+            plugin_name=loaded.name, output=output if output is not None else FileOutput("-"),
+            output_plugin_options=dict(options or {}), slot_name=self.slot_name,
+            catalog=self.catalog, server_version=self.server_version,
+        )
+        self.members.append(Member(loaded, ctx))
+        return ctx
+
+    def startup(self, is_init: bool = False) -> None:
+        """Call every plugin's startup. A plugin may clear ``ctx.streaming`` or
+        ``ctx.twophase`` there to receive streamed or prepared transactions whole, at commit
+        (as ``ctx->streaming &= ...`` does in C)."""
+        self._started = True
+        if self.slot_name is not None:
+            # An output resumed after a restart skips what it holds; that is only right for
+            # the stream that wrote it.
+            for m in self.members:
+                claim = getattr(m.ctx.output, "claim", None)
+                if claim is not None:
+                    claim(self.slot_name)
+        self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
+        for m in self.members:
+            m.ctx.streaming = m.plugin.streaming
+            m.ctx.twophase = m.plugin.two_phase
+            if m.plugin.has("startup"):
+                m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
+            m.ctx.streaming = m.ctx.streaming and m.plugin.streaming
+            m.ctx.twophase = m.ctx.twophase and m.plugin.two_phase
+        for m in self.members:
+            # Streams the output had blocks of, unfinished, when it was last durable: the
+            # server streams them again from their start. Abort the old blocks first, as
+            # reset() does after a lost connection.
+            for xid in getattr(m.ctx.output, "resume_open_streams", ()):
+                if m.plugin.has("stream_abort"):
+                    m.call("stream_abort", LSN(0), xid,
+                           Transaction(xid, is_streamed=True), None)
+
+    def shutdown(self) -> None:
+        for m in self.members:
+            if m.plugin.has("shutdown"):
+                m.call("shutdown", LSN(0), None, writes=False)
+        for m in self.members:
+            m.ctx.output.close()
+        for state in [*self._streams.values(), *self._prepared.values()]:
+            if state.spool is not None:
+                state.spool.close()
+
+    def reset(self) -> None:
+        """Forget what was received but not finished, after the connection was lost: the
+        server will send it again. An ordinary or prepared transaction cut short is taken
+        back from its live members' outputs where they can (files; not pipes). Plugins that
+        were streamed part of a transaction are told to abort it. Prepared transactions
+        awaited by a plugin are kept (acknowledgement never passed them, so the server
+        re-sends them, and those re-sends are skipped)."""
+        if self._txn is not None:
+            for rollback in self._txn.rollbacks:
+                rollback()
+            self._close(self._txn)
+        for state in self._streams.values():
+            for i in state.live:
+                self.members[i].call("stream_abort", LSN(0), state.base.xid,
+                                     self._view(state, i), None)
+            self._close(state)
+        self._streams.clear()
+        self._stream = None
+        self._txn = None
+        self.decoder.in_stream = False
+
+    # --- input --------------------------------------------------------------------------------
+
+    def feed(self, data: bytes, lsn: LSN) -> None:
+        """One pgoutput message as the server sent it, and its XLogData start LSN."""
+        stream = self._stream
+        if stream is not None:
+            if stream.in_block and not stream.live and stream.spool is not None \
+                    and len(data) >= ROW_CHANGE_MIN_SIZE and data[0] in ROW_CHANGE_TAGS:
+                # A row change of a streamed transaction that only goes to the spool: its rows
+                # are parsed once, at replay, not also now (a malformed one is reported then).
+                self.changes += 1
+                stream.spool.append(lsn, ID_AFTER_TAG.unpack_from(data, 1)[0], True, data)
+                return
+        else:
+            state = self._txn
+            if state is not None and (state.fast is not None or not state.started) \
+                    and len(data) >= ROW_CHANGE_MIN_SIZE and data[0] in ROW_CHANGE_TAGS:
+                if not state.started:
+                    self._start(state)
+                fast = state.fast
+                if fast is not None:
+                    relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
+                    writers = fast.get(relid, _UNKNOWN)
+                    if writers is _UNKNOWN:
+                        writers = fast[relid] = self._fast_writers(state, relid)
+                    if writers is not None:
+                        self._fast_change(state, writers, data, lsn)
+                        return
+        message = self.decoder.decode(data)
+        self._handlers[type(message)](message, lsn, data)
+
+    def feed_all(self, items: Sequence[tuple[bytes, LSN]]) -> None:
+        for data, lsn in items:
+            self.feed(data, lsn)
+
+    def handle(self, message: Message, lsn: LSN) -> None:
+        """A message decoded elsewhere (its raw bytes are re-encoded only if it must be held)."""
+        if isinstance(message, StreamStart):
+            self.decoder.in_stream = True
+        elif isinstance(message, StreamStop):
+            self.decoder.in_stream = False
+        self._handlers[type(message)](message, lsn, encode(message))
+
+    # --- messages of a stream block or a transaction alike ---------------------------------------
+
+    def _on_origin(self, m: Origin, lsn: LSN, raw: bytes | None) -> None:
+        state = self._stream if self._stream is not None else self._txn
+        if state is None:
+            raise PipelineError("Origin message outside of a transaction")
+        state.base.origin = m.name
+        state.base.origin_lsn = m.origin_lsn
+        for view in state.views.values():
+            view.origin, view.origin_lsn = m.name, m.origin_lsn
+
+    def _on_relation(self, m: RelationMessage, lsn: LSN, raw: bytes | None) -> None:
+        if self.catalog is not None:
+            self.catalog.invalidate()
+        rel = Relation.from_message(m, self.type_names)
+        stream = self._stream
+        if stream is not None:
+            self._stream_begin_block(stream)
+            stream.relations[m.relation_id] = rel
+            if stream.spool is not None and raw is not None:
+                stream.spool.append(lsn, m.xid or 0, True, raw)
+        else:
+            state = self._txn
+            if state is not None and state.spool is not None and raw is not None:
+                # Its held members get it replayed later: at that point in the replay they
+                # need this definition, and before it the one in force now.
+                state.replay_relations.setdefault(m.relation_id,
+                                                  self.relations.get(m.relation_id))
+                state.spool.append(lsn, 0, False, raw)
+            self.relations[m.relation_id] = rel
+            if state is not None and state.fast is not None:
+                state.fast.pop(m.relation_id, None)  # formatters of the old description
+
+    def _on_type(self, m: Type, lsn: LSN, raw: bytes | None) -> None:
+        self.type_names[m.type_oid] = (m.namespace, m.name)
+
+    def _on_change(self, m: Insert | Update | Delete, lsn: LSN, raw: bytes | None) -> None:
+        self.changes += 1
+        stream = self._stream
+        if stream is not None:
+            def args() -> tuple[Any, ...] | None:
+                change = self._change(m, lsn, stream)
+                return None if change is None else (change.relation, change)
+
+            self._stream_item(stream, lsn, m.xid, raw, "stream_change", args)
+            return
+        state = self._txn
+        if state is None or not state.started:
+            state = self._current("change")
+        live = state.live
+        change = self._change(m, lsn, state) if live else None
+        if change is not None:
+            members = self.members
+            for i in live:
+                members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)
+
+    def _on_truncate(self, m: Truncate, lsn: LSN, raw: bytes | None) -> None:
+        stream = self._stream
+        if stream is not None:
+            self._stream_item(stream, lsn, m.xid, raw, "stream_truncate",
+                              lambda: self._truncate_args(m, lsn, stream))
+            return
+        state = self._current("truncate")
+        args = self._truncate_args(m, lsn, state)
+        if args is not None:
+            for i in state.live:
+                member = self.members[i]
+                if member.plugin.has("truncate"):
+                    member.call("truncate", lsn, state.base.xid, self._view(state, i), *args)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)
+
+    def _on_message(self, m: LogicalMessage, lsn: LSN, raw: bytes | None) -> None:
+        args = (m.lsn, m.transactional, m.prefix, m.content)
+        if not m.transactional:
+            # m.lsn is where the message's WAL record ends (decode.c queues it at its
+            # endptr), which is where the next record, often the enclosing transaction's
+            # COMMIT, starts. Marking m.lsn passes the message (a restart at m.lsn skips it)
+            # but not that COMMIT, and the same message re-sent has m.lsn == done.
+            for i, member in enumerate(self.members):
+                if member.plugin.has("message") and m.lsn > self._done[i]:
+                    member.call("message", m.lsn, None, None, *args)
+            self._mark(range(len(self.members)), m.lsn)
+            return
+        stream = self._stream
+        if stream is not None:
+            self._stream_item(stream, lsn, m.xid, raw, "stream_message", lambda: args)
+            return
+        state = self._current("transactional message")
+        for i in state.live:
+            member = self.members[i]
+            if member.plugin.has("message"):
+                member.call("message", m.lsn, state.base.xid, self._view(state, i), *args)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, 0, False, raw)

@@ -1,0 +1,184 @@
+"""Streamed transactions (ReorderBufferStreamTXN's side of the contract): Stream Start and
+Stop around each block, Stream Abort of the transaction or a subtransaction, Stream Commit
+and Stream Prepare.
+
+Plugins with stream callbacks get each block as it comes; the others get the transaction
+reassembled from its spool at Stream Commit (or PREPARE), subtransaction aborts applied,
+and nothing for an aborted stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from plugin_framework.framework.model import Transaction
+from plugin_framework.framework.reorder.acknowledge import Acknowledgement
+from plugin_framework.framework.reorder.replay import Replay
+from plugin_framework.framework.reorder.txn import PipelineError, TxnState
+from plugin_framework.framework.spool import Spool
+from plugin_framework.protocol import (
+    LSN,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+)
+
+
+class Streams(Acknowledgement, Replay):
+    """The stream messages, and the items (changes, truncates, messages) of a block."""
+
+    def _on_stream_start(self, m: StreamStart, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.get(m.xid)
+        if state is None:
+            if not m.first_segment:
+                raise PipelineError(
+                    f"stream of transaction {m.xid} continues, but its first segment was "
+                    "never received"
+                )
+            state = self._streams[m.xid] = TxnState(
+                Transaction(m.xid, is_streamed=True, first_lsn=lsn)
+            )
+        self._stream = state
+        state.in_block = []
+        state.block_lsn = lsn
+
+    def _stream_begin_block(self, state: TxnState) -> None:
+        """First content of a block: filter by origin once, open the block for streamers."""
+        if not state.started:
+            state.started = True
+            xid = state.base.xid
+            if any(held.base.xid == xid for held in self._prepared.values()):
+                # The server streams again a transaction we hold prepared (the connection was
+                # lost after its Stream Prepare): every member has it or will have it from
+                # the spool; its re-sent Stream Prepare is then skipped too.
+                state.skipped = list(range(len(self.members)))
+            else:
+                state.skipped = self._origin_filtered(state)
+            for i, m in enumerate(self.members):
+                if i in state.skipped:
+                    continue
+                (state.live if m.ctx.streaming else state.held).append(i)
+            if state.held:
+                state.spool = Spool(self.budget)
+        if not state.in_block:
+            state.in_block = list(state.live)
+            for i in state.live:
+                self.members[i].call("stream_start", state.block_lsn, state.base.xid,
+                                     self._view(state, i))
+            if not state.in_block:
+                state.in_block = [-1]  # the block is open even when nobody streams
+
+    def _stream_item(self, state: TxnState, lsn: LSN, xid: int | None, raw: bytes | None,
+                     cb: str, args: Callable[[], tuple[Any, ...] | None]) -> None:
+        self._stream_begin_block(state)
+        built = args() if state.live else None
+        if built is not None:
+            for i in state.live:
+                member = self.members[i]
+                if member.plugin.has(cb):  # records carry the top-level xid, as in C
+                    member.call(cb, lsn, state.base.xid, self._view(state, i), *built)
+        if state.spool is not None and raw is not None:
+            state.spool.append(lsn, xid or 0, True, raw)
+
+    def _on_stream_stop(self, m: StreamStop, lsn: LSN, raw: bytes | None) -> None:
+        state = self._stream
+        if state is None:
+            raise PipelineError("Stream Stop outside of a stream block")
+        self._stream = None
+        for i in state.in_block:
+            if i >= 0:
+                self.members[i].call("stream_stop", lsn, state.base.xid, self._view(state, i))
+        state.in_block = []
+
+    def _on_stream_abort(self, m: StreamAbort, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.get(m.xid)
+        if state is None:
+            return  # nothing of it was streamed to us
+        if m.subxid == m.xid:
+            del self._streams[m.xid]
+            for i in state.live:
+                self.members[i].call("stream_abort", m.abort_lsn or lsn, m.xid,
+                                     self._view(state, i), m.abort_lsn)
+            self._close(state)
+            return
+        state.aborted_subxids.add(m.subxid)
+        for i in state.live:
+            top = self._view(state, i)
+            sub = Transaction(m.subxid, toptxn=top, is_streamed=True)
+            self.members[i].call("stream_abort", m.abort_lsn or lsn, m.subxid, sub, m.abort_lsn)
+
+    def _on_stream_commit(self, m: StreamCommit, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.pop(m.xid, None)
+        if state is None:
+            raise PipelineError(f"Stream Commit of transaction {m.xid}, which was never streamed")
+        base = state.base
+        base.final_lsn, base.end_lsn, base.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
+        for i in state.live:
+            if self._delivered(i, m.commit_lsn):
+                # a re-send of a transaction this member already committed: undo the re-stream
+                self.members[i].call("stream_abort", m.end_lsn, m.xid, self._view(state, i),
+                                     None)
+        self._drop_delivered(state, m.commit_lsn)
+        for i in state.live:
+            view = self._view(state, i)
+            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
+                                                               m.commit_time)
+            self.members[i].call("stream_commit", m.end_lsn, m.xid, view, m.commit_lsn)
+        if state.held:
+            self._replay(state, state.held, replace(base, is_streamed=False), m.commit_lsn,
+                         prepared=False)
+        self.relations.update(state.relations)
+        self._finish(state, m.end_lsn)
+
+    def _on_stream_prepare(self, m: StreamPrepare, lsn: LSN, raw: bytes | None) -> None:
+        state = self._streams.pop(m.xid, None)
+        if state is None:
+            raise PipelineError(f"Stream Prepare of transaction {m.xid}, which was never streamed")
+        if m.gid in self._prepared:  # re-sent after a reconnect; we still hold the original
+            for i in state.live:
+                self.members[i].call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+            self._close(state)
+            return
+        base = state.base
+        for view in (base, *state.views.values()):
+            view.final_lsn, view.end_lsn, view.gid = m.prepare_lsn, m.end_lsn, m.gid
+            view.prepare_time, view.prepare_lsn, view.is_prepared = (m.prepare_time,
+                                                                     m.prepare_lsn, True)
+        state.prepare_lsn = m.prepare_lsn
+        streamers, state.live = state.live, []
+        for i in streamers:
+            member = self.members[i]
+            if member.ctx.twophase and not self._filters_prepare(member, base):
+                if self._delivered(i, m.prepare_lsn):  # re-sent: undo the re-stream
+                    member.call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+                    state.outcome_only.append(i)
+                    continue
+                state.live.append(i)
+                member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
+                            m.prepare_lsn)
+            else:
+                state.streamed_held.append(i)
+        waiting, state.held = state.held, []
+        two_phase = []
+        for i in waiting:
+            member = self.members[i]
+            if member.ctx.twophase and not self._filters_prepare(member, base):
+                if not self._delivered(i, m.prepare_lsn):
+                    two_phase.append(i)
+                else:
+                    state.outcome_only.append(i)
+            else:
+                state.held.append(i)
+        if two_phase:
+            self._replay(state, two_phase, base, m.prepare_lsn, prepared=True)
+            state.live += two_phase
+        state.live += state.outcome_only
+        self.relations.update(state.relations)
+        if not state.held:
+            self._close(state)
+        self._prepared[m.gid] = state
+        self._mark([*state.live, *state.skipped], m.end_lsn)

@@ -1,0 +1,129 @@
+"""Ordinary transactions and the opening of prepared ones: BEGIN (or BEGIN PREPARE) decides
+who gets the transaction live and who later, COMMIT ends it (ReorderBufferCommit's job for a
+transaction that was not streamed). Also the json-style fast path for their row changes.
+"""
+
+from __future__ import annotations
+
+from plugin_framework.framework.model import Change, Transaction
+from plugin_framework.framework.reorder.acknowledge import Acknowledgement
+from plugin_framework.framework.reorder.txn import FastWriter, PipelineError, TxnState
+from plugin_framework.framework.spool import Spool
+from plugin_framework.protocol import LSN, Begin, BeginPrepare, Commit, Delete, Insert, Update
+
+
+class Transactions(Acknowledgement):
+    """BEGIN, BEGIN PREPARE and COMMIT."""
+
+    def _on_begin(self, m: Begin, lsn: LSN, raw: bytes | None) -> None:
+        self._open(Transaction(m.xid, final_lsn=m.final_lsn, commit_time=m.commit_time,
+                               first_lsn=lsn))
+
+    def _on_begin_prepare(self, m: BeginPrepare, lsn: LSN, raw: bytes | None) -> None:
+        self._open(Transaction(m.xid, final_lsn=m.prepare_lsn, end_lsn=m.end_lsn, gid=m.gid,
+                               prepare_time=m.prepare_time, prepare_lsn=m.prepare_lsn,
+                               is_prepared=True, first_lsn=lsn))
+
+    def _open(self, txn: Transaction) -> None:
+        if self._txn is not None:
+            raise PipelineError(
+                f"transaction {txn.xid} began before transaction {self._txn.base.xid} ended"
+            )
+        self._txn = TxnState(txn)
+
+    def _current(self, what: str) -> TxnState:
+        state = self._txn
+        if state is None:
+            raise PipelineError(f"{what} outside of a transaction")
+        if not state.started:
+            self._start(state)
+        return state
+
+    def _start(self, state: TxnState) -> None:
+        """Decide, once the origin is known, who gets this transaction live and who later."""
+        state.started = True
+        base = state.base
+        # A re-sent PREPARE of a transaction whose spool we still hold is skipped by all.
+        resent = base.is_prepared and base.gid in self._prepared
+        state.skipped = self._origin_filtered(state)
+        for i, m in enumerate(self.members):
+            if i in state.skipped:
+                continue
+            if not base.is_prepared:
+                if self._delivered(i, base.final_lsn):
+                    state.skipped.append(i)
+                    continue
+                state.live.append(i)
+                self._savepoint(state, i)
+                m.call("begin", base.first_lsn or LSN(0), base.xid, self._view(state, i))
+            elif m.ctx.twophase and not self._filters_prepare(m, base):
+                if resent or self._delivered(i, base.final_lsn):
+                    state.skipped.append(i)
+                    if not resent:
+                        state.outcome_only.append(i)
+                    continue
+                state.live.append(i)
+                self._savepoint(state, i)
+                m.call("begin_prepare", base.first_lsn or LSN(0), base.xid,
+                       self._view(state, i))
+            elif resent:
+                state.skipped.append(i)
+            else:
+                # It gets the transaction at COMMIT PREPARED; whether it already had it is
+                # told by that record's LSN, not this one's.
+                state.held.append(i)
+        if state.held:
+            state.spool = Spool(self.budget)
+        if self.change_filter is None and any(
+                self.members[i].fast_change is not None for i in state.live):
+            state.fast = {}
+
+    def _on_commit(self, m: Commit, lsn: LSN, raw: bytes | None) -> None:
+        state = self._current("commit")
+        if state.base.is_prepared:
+            raise PipelineError("Commit message ends a transaction begun by Begin Prepare")
+        self._txn = None
+        for view in (state.base, *state.views.values()):
+            view.end_lsn, view.commit_time = m.end_lsn, m.commit_time
+        for i in state.live:
+            self.members[i].call("commit", m.end_lsn, state.base.xid, state.views[i],
+                                 m.commit_lsn)
+        self._finish(state, m.end_lsn)
+
+    # --- the fast path: the fast_change callback ------------------------------------------------
+
+    def _fast_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
+        """Each live member's fast_change formatter for a relation (None for members
+        without one), or None if no member has one (or the relation is not described: the
+        change callback's path says so)."""
+        rel = self.relations.get(relid)
+        if rel is None:
+            return None
+        writers: list[FastWriter] = []
+        lsn = state.base.first_lsn or LSN(0)
+        for i in state.live:
+            member = self.members[i]
+            write = (member.compile_fast_change(rel, lsn) if member.fast_change is not None
+                     else None)
+            writers.append((member, self._view(state, i), write))
+        return writers if any(w[2] is not None for w in writers) else None
+
+    def _fast_change(self, state: TxnState, writers: list[FastWriter], data: bytes,
+                     lsn: LSN) -> None:
+        """A row change of an ordinary or prepared transaction, for live members whose
+        formatters turn its raw message into their record; the others, and any formatter
+        that declines, get the change callback (with no change_filter: the change as is)."""
+        self.changes += 1
+        xid = state.base.xid
+        change: Change | None = None
+        for member, view, write in writers:
+            if write is not None and member.call_fast_change(write, data, lsn, xid, view):
+                continue
+            if change is None:
+                message = self.decoder.decode(data)
+                assert isinstance(message, Insert | Update | Delete)
+                change = self._change(message, lsn, state)
+                assert change is not None
+            member.call_change(lsn, xid, view, change)
+        if state.spool is not None:
+            state.spool.append(lsn, 0, False, data)

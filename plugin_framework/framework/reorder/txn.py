@@ -1,0 +1,59 @@
+"""The reorder buffer's state of one transaction being received: ordinary, prepared or
+streamed.
+
+``Transaction`` (model.py) is the ReorderBufferTXN that plugins see; ``TxnState`` is the rest
+of what ReorderBufferTXN holds for the reorder buffer itself: who receives the transaction
+live and who later, its spilled changes (``Spool``, as ReorderBufferSerializeTXN spills), the
+relations it redescribes, its aborted subtransactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from plugin_framework.framework.context import FastChange
+from plugin_framework.framework.model import Relation, Transaction
+from plugin_framework.framework.reorder.members import Member
+from plugin_framework.framework.spool import Spool
+from plugin_framework.protocol import LSN
+
+# One live member of a transaction on the fast path: the member, its view of the
+# transaction, and its formatter for a relation (None: its change callback).
+FastWriter = tuple[Member, Transaction, FastChange | None]
+
+
+class PipelineError(Exception):
+    """The stream cannot be delivered with the promised semantics."""
+
+
+@dataclass(eq=False)
+class TxnState:
+    """A transaction being received (members are named by their index in the pipeline)."""
+
+    base: Transaction
+    views: dict[int, Transaction] = field(default_factory=dict)  # member index -> its view
+    live: list[int] = field(default_factory=list)  # members receiving callbacks as it goes
+    held: list[int] = field(default_factory=list)  # members waiting for a replay from spool
+    streamed_held: list[int] = field(default_factory=list)  # got stream blocks, await outcome
+    skipped: list[int] = field(default_factory=list)  # filtered by origin
+    # two-phase members whose output already holds this PREPARE (the server re-sent it
+    # after a restart): they skip it, and get only its COMMIT/ROLLBACK PREPARED
+    outcome_only: list[int] = field(default_factory=list)
+    spool: Spool | None = None
+    started: bool = False
+    relations: dict[int, Relation] = field(default_factory=dict)  # in-stream descriptions
+    # for a transaction replayed from its spool after self.relations moved on: the definitions
+    # in force when it began of the relations it redescribes (None: it described them first)
+    replay_relations: dict[int, Relation | None] = field(default_factory=dict)
+    # each takes back from one live member's output what it wrote of this transaction
+    # (ordinary and prepared transactions, whose lines are the tail of that output)
+    rollbacks: list[Callable[[], None]] = field(default_factory=list)
+    aborted_subxids: set[int] = field(default_factory=set)
+    in_block: list[int] = field(default_factory=list)  # members in the current stream block
+    prepare_lsn: LSN | None = None
+    block_lsn: LSN = field(default_factory=LSN)  # where the current stream block started
+    # For an ordinary or prepared transaction with live members that have a fast_change
+    # callback: per relation id, each live member with its view and its formatter, or None
+    # when no live member has a formatter for that relation.
+    fast: dict[int, list[FastWriter] | None] | None = None
