@@ -1,6 +1,6 @@
 """Decode benchmark: our pgoutput Decoder against pypgoutput's, on the same captured bytes.
 
-    /tmp/venv/bin/python bench/decode.py [--changes N] [--bindir DIR] [--out FILE] [--load FILE]
+    python bench/decode.py [--changes N] [--bindir DIR] [--out FILE] [--load FILE]
 
 Starts a throwaway PostgreSQL cluster (the system's PostgreSQL 15 if installed, else the
 embedded 18), runs a mixed workload on a seven-column table (mostly inserts, some updates and

@@ -1,6 +1,6 @@
 """Emitter benchmark: changes/s of each built-in emitter beside the bare decode rate.
 
-    /tmp/venv/bin/python bench/emit.py [--changes N] [--bindir DIR] [--load FILE] [--runs N]
+    python bench/emit.py [--changes N] [--bindir DIR] [--load FILE] [--runs N]
 
 Captures the pgoutput messages (protocol 1) of bench/decode.py's workload (100k changes by
 default) with their LSNs, as XLogData would carry them, then times on the same messages, best
@@ -8,7 +8,7 @@ of --runs (3), gc disabled while timing:
 
 - decode: ``Decoder(1).decode`` for every message (nothing else);
 - framework: a ``Pipeline`` with an OutputPlugin whose begin/change/commit do nothing (the
-  dispatcher's own cost: decoding, Relation/Row/Change objects, callback dispatch);
+  reorder buffer's own cost: decoding, Relation/Row/Change objects, callback dispatch);
 - text, wal2json, json: a ``Pipeline`` with that emitter (default options) writing into an
   output that discards every record.
 

@@ -5,7 +5,7 @@ that does nothing.
 
 The same `WalsenderSource`, `Pipeline` and `FileOutput` that `pgdecode stream` builds, with
 bench/emit.py's `EmptyPlugin` (begin, change and commit do nothing) in place of an emitter:
-the replication loop, pgoutput decoding and the dispatcher, and no formatting. No emitter
+the replication loop, pgoutput decoding and the reorder buffer, and no formatting. No emitter
 that formats in its change callback makes `pgdecode stream` faster than this; the json
 emitter's C fast path (its ``fast_change`` callback) skips decoding and the callback, and is
 faster.

@@ -2,7 +2,7 @@
 Arrow into Spark DataFrames) against the ``json`` emitter (JSON lines to a file), on the same
 captured stream, in the same run.
 
-    /tmp/venv/bin/python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
+    python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800

@@ -1,7 +1,7 @@
 """End-to-end streaming benchmark: ``pgdecode stream`` into a file against ``pg_recvlogical``
 writing the same slot contents' raw pgoutput into a file, in the same run.
 
-    /tmp/venv/bin/python bench/stream.py [--changes N] [--emitter NAME] [--bindir DIR]
+    python bench/stream.py [--changes N] [--emitter NAME] [--bindir DIR]
                                          [--runs N] [--streaming off|on] [--keep]
 
 Starts a throwaway PostgreSQL cluster (the embedded 18 unless --bindir), creates a table and a
@@ -16,7 +16,7 @@ to the WAL end position (``-E``):
   same pgoutput options (protocol version, publication, messages, streaming); it decodes
   nothing and writes each XLogData payload (pgoutput's binary messages) followed by a newline;
 - pgdecode's callback path: bench/floor_reader.py, the same source, pipeline and file output
-  with a plugin that does nothing (replication loop, decoding, dispatcher; no formatting):
+  with a plugin that does nothing (replication loop, decoding, reorder buffer; no formatting):
   what no emitter can beat through the change callback (the json emitter's C fast path,
   its ``fast_change`` callback, goes around it);
 - startup: ``python -m plugin_framework.cli --version``, the interpreter's and imports' share.

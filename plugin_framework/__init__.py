@@ -1,10 +1,14 @@
 """pgdecode: PostgreSQL's logical-decoding output-plugin framework, driven by pgoutput.
 
-Layers, imports pointing one way:
+Layers, imports pointing one way (docs/architecture.md; tests/test_layers.py holds them):
 
 - ``plugin_framework.protocol``: the pgoutput codec (bytes in, typed messages out, and back).
-- ``plugin_framework.framework``: output plugins, contexts, transactions, the dispatcher.
+- ``plugin_framework.pgtypes``: PostgreSQL values (OIDs, type names, quoting, converters).
+- ``plugin_framework.framework``: output plugins, contexts, outputs, the reorder buffer.
+- ``plugin_framework.rowfilter``: publication row filters and column lists.
 - ``plugin_framework.sources``: the only code that talks to a server.
+- ``plugin_framework.spark``, ``plugin_framework.app``, ``plugin_framework.cli``: Spark,
+  pipeline assembly, the command.
 
 The names a plugin author needs are re-exported here.
 """

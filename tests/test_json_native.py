@@ -273,7 +273,7 @@ def test_damaged_messages_are_left_to_the_decoder(example: tuple[Relation, list[
         try:
             run = Run(messages, fast, {})
             outcomes.append((run.error, run.lines))
-        except Exception as exc:  # the decoder's ProtocolError, or the dispatcher's
+        except Exception as exc:  # the decoder's ProtocolError, or the pipeline's
             outcomes.append((f"{type(exc).__name__}: {exc}", None))
     assert outcomes[0] == outcomes[1]
 
