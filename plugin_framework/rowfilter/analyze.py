@@ -9,7 +9,6 @@ PostgreSQL's messages.
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 from pglast import ast
@@ -20,6 +19,7 @@ import plugin_framework.rowfilter.nodes as n
 from plugin_framework.pgtypes import quote_ident_always
 from plugin_framework.pgtypes.oids import BOOL, INT4, INT8, NUMERIC, RECORD, TEXT, UNKNOWN
 from plugin_framework.rowfilter.errors import NotSupportedError, RowFilterError
+from plugin_framework.rowfilter.functions import numeric_from_text
 from plugin_framework.rowfilter.operators import OperatorLookup
 from plugin_framework.rowfilter.parse_state import (
     EXPLICIT,
@@ -103,7 +103,7 @@ class Analyzer(OperatorLookup):
                 v = int(text)
                 if -2**63 <= v < 2**63:
                     return n.Const(INT8, value=v, location=loc)
-            return n.Const(NUMERIC, value=Decimal((text or "0").replace("_", "")), location=loc)
+            return n.Const(NUMERIC, value=numeric_from_text(text), location=loc)
         if isinstance(val, ast.Boolean):
             return n.Const(BOOL, value=bool(val.boolval), location=loc)
         if isinstance(val, ast.String):

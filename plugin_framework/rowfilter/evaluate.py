@@ -166,6 +166,10 @@ class Compiler:
         assert node.proc is not None
         eq = self.impl(node.proc, node, node.args)
         a, b = (self.compile(x) for x in node.args)
+        # The planner replaces NULLIF with a NULL constant argument by its first argument,
+        # without evaluating the other one (eval_const_expressions: they cannot be equal).
+        if any(getattr(c, "constant", False) and c(_no_columns) is None for c in (a, b)):
+            return a
 
         def nullif(g: Getter) -> Any:
             x = a(g)

@@ -276,6 +276,17 @@ def numeric_mul(a: Decimal, b: Decimal) -> Decimal:
     return NUMERIC_CTX.multiply(a, b)
 
 
+def numeric_from_text(text: str) -> Decimal:
+    """A finite numeric's text (digits, an optional point and exponent, ``_`` separators) as
+    numeric_in reads it: its display scale is the digits after the point less the exponent,
+    never below 0, so ``1e3`` is 1000 (scale 0), as ``2.5 * 1e3`` then prints 2500.0."""
+    d = Decimal(text.replace("_", ""))
+    exponent = d.as_tuple().exponent
+    if isinstance(exponent, int) and exponent > 0:
+        return d.quantize(Decimal(1), context=NUMERIC_CTX)
+    return d
+
+
 def round_scale(d: Decimal, scale: int, rounding: str = ROUND_HALF_UP) -> Decimal:
     if not d.is_finite():
         return d
@@ -1286,7 +1297,7 @@ def input_value(typ: int, text: str) -> Any:
         try:
             if not re.fullmatch(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?", t):
                 raise ValueError
-            return Decimal(t.replace("_", ""))
+            return numeric_from_text(t)
         except ValueError:
             raise bad from None
     if typ in (FLOAT4, FLOAT8):
