@@ -190,6 +190,22 @@ def run_workload(conn: psycopg.Connection[Any], *, prepared: bool = True,
     facts.end_lsn = LSN(str(ex(
         "SELECT pg_logical_emit_message(false, %s, '')", (END_PREFIX,)
     ).fetchone()[0]))  # type: ignore[index]
+    _wait_for_flush(conn, facts.end_lsn)
     for name in ("items", "fulltab", "moods", "parent", "child", "bulk"):
         facts.counts[name] = int(ex(f"SELECT count(*) FROM {name}").fetchone()[0])  # type: ignore[index]
     return facts
+
+
+def _wait_for_flush(conn: psycopg.Connection[Any], lsn: LSN, timeout: float = 30.0) -> None:
+    """Wait until the server has flushed WAL up to ``lsn``. A non-transactional message is not
+    flushed by any commit after it: until the WAL writer gets to it, a slot peeked in between
+    does not have it yet, and two peeks of the same workload could differ."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(lsn),)
+                           ).fetchone()
+        if row is not None and row[0]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not flush its WAL to {lsn} in {timeout} s")
+        time.sleep(0.02)
