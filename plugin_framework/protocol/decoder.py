@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
-from plugin_framework._slots import new_object, slot_setters
+from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.protocol.errors import (
     InvalidFieldError,
     ProtocolError,
@@ -462,12 +462,13 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     return _make_tuple_data(bytes(kinds), tuple(values)), pos
 
 
-# TupleData and the change messages are built by setting their slots (see _slots.py).
-_TD_KINDS, _TD_VALUES = slot_setters(TupleData, "kinds", "values")
-_INS_RELID, _INS_NEW, _INS_XID = slot_setters(Insert, "relation_id", "new", "xid")
-_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = slot_setters(
+# TupleData and the change messages are built by setting their slots (see _frozen.py).
+_TD_KINDS, _TD_VALUES = frozen_setters(TupleData, "kinds", "values")
+_INS_RELID, _INS_NEW, _INS_XID = frozen_setters(Insert, "relation_id", "new", "xid")
+_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = frozen_setters(
     Update, "relation_id", "new", "key", "old", "xid")
-_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = slot_setters(Delete, "relation_id", "key", "old", "xid")
+_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = frozen_setters(
+    Delete, "relation_id", "key", "old", "xid")
 
 
 def _make_tuple_data(kinds: bytes, values: tuple[bytes | None, ...]) -> TupleData:
