@@ -26,9 +26,9 @@ from plugin_framework.protocol import (
     KIND_UNCHANGED_TOAST,
     LSN,
     UNCHANGED_TOAST,
+    RelationMessage,
     TupleData,
 )
-from plugin_framework.protocol import Relation as RelationMessage
 
 _transformer = Transformer()
 

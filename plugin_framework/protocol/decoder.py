@@ -36,8 +36,8 @@ from plugin_framework.protocol.messages import (
     Message,
     Origin,
     Prepare,
-    Relation,
     RelationColumn,
+    RelationMessage,
     ReplicaIdentity,
     RollbackPrepared,
     StreamAbort,
@@ -257,7 +257,7 @@ class Decoder:
 
     # --- catalog ----------------------------------------------------------------------------
 
-    def _relation(self, data: bytes) -> Relation:
+    def _relation(self, data: bytes) -> RelationMessage:
         xid, pos = self._xid(data)
         if len(data) < pos + 4:
             raise _truncated(data, "relation id")
@@ -290,7 +290,7 @@ class Decoder:
             columns.append(RelationColumn(bool(flags), colname, type_oid, typmod))
         _end(data, pos)
         replica_identity: ReplicaIdentity = identity  # type: ignore[assignment]
-        return Relation(relid, namespace, name, replica_identity, tuple(columns), xid)
+        return RelationMessage(relid, namespace, name, replica_identity, tuple(columns), xid)
 
     def _type(self, data: bytes) -> Type:
         xid, pos = self._xid(data)
