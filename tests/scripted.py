@@ -37,8 +37,8 @@ from plugin_framework.protocol import (
     Message,
     Origin,
     Prepare,
-    Relation,
     RelationColumn,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -162,10 +162,10 @@ class Wal:
     def send(self, message: Message, lsn: LSN) -> None:
         self.items.append((encode(message), lsn))
 
-    def relation(self, name: str, xid: int | None = None) -> Relation:
+    def relation(self, name: str, xid: int | None = None) -> RelationMessage:
         cols = tuple(RelationColumn(i == 0, c, INT4 if i == 0 else TEXT, -1)
                      for i, c in enumerate(self.columns[name]))
-        return Relation(self.relids[name], "public", name, "d", cols, xid)
+        return RelationMessage(self.relids[name], "public", name, "d", cols, xid)
 
     def _tuple(self, name: str, values: Sequence[str | None]) -> TupleData:
         assert len(values) == len(self.columns[name]), (name, values)

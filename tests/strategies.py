@@ -17,8 +17,8 @@ from plugin_framework.protocol import (
     LogicalMessage,
     Origin,
     Prepare,
-    Relation,
     RelationColumn,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -55,8 +55,8 @@ def transactional(in_stream: bool) -> st.SearchStrategy[object]:
     xid = u32 if in_stream else st.none()
     identity = st.sampled_from("dnfi")
     return st.one_of(
-        st.builds(Relation, u32, names, names, identity, st.lists(columns, max_size=8).map(tuple),
-                  xid),
+        st.builds(RelationMessage, u32, names, names, identity,
+                  st.lists(columns, max_size=8).map(tuple), xid),
         st.builds(Type, u32, names, names, xid),
         st.builds(Insert, u32, tuples, xid),
         st.builds(Update, u32, tuples, st.none(), st.none(), xid),

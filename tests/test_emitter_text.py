@@ -625,8 +625,7 @@ def test_row_templates_print_as_the_column_loop() -> None:
     what has no template) is the reference."""
     from emitters.text.relation import RelationText, append_tuple
     from plugin_framework.framework.model import Relation
-    from plugin_framework.protocol import Relation as RelationMessage
-    from plugin_framework.protocol import TupleData
+    from plugin_framework.protocol import RelationMessage, TupleData
     from plugin_framework.protocol.messages import RelationColumn
 
     types = [(23, "1"), (25, "it's"), (16, "t"), (16, "f"), (1560, "101"), (1700, "NaN"),

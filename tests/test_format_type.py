@@ -25,7 +25,7 @@ from plugin_framework.pgtypes.quote import (
     VERSIONED_KEYWORDS,
     quote_identifier,
 )
-from plugin_framework.protocol import Decoder, Relation, Type
+from plugin_framework.protocol import Decoder, RelationMessage, Type
 
 # --- without a server ----------------------------------------------------------------------
 
@@ -330,7 +330,7 @@ def _test_decoding_line(db: Any, table: str) -> str:
     return changes[0]
 
 
-def _pgoutput(db: Any) -> tuple[Relation, dict[int, tuple[str, str]]]:
+def _pgoutput(db: Any) -> tuple[RelationMessage, dict[int, tuple[str, str]]]:
     """The last Relation message pgoutput sent and the type names its Type messages gave."""
     rows = db.execute(
         "SELECT data FROM pg_logical_slot_get_binary_changes('po', NULL, NULL,"
@@ -343,7 +343,7 @@ def _pgoutput(db: Any) -> tuple[Relation, dict[int, tuple[str, str]]]:
         message = decoder.decode(data)
         if isinstance(message, Type):
             names[message.type_oid] = (message.namespace, message.name)
-        elif isinstance(message, Relation):
+        elif isinstance(message, RelationMessage):
             relation = message
     assert relation is not None
     return relation, names

@@ -15,8 +15,8 @@ from plugin_framework.protocol import (
     Begin,
     Commit,
     Insert,
-    Relation,
     RelationColumn,
+    RelationMessage,
     TupleData,
     encode,
 )
@@ -126,7 +126,7 @@ def test_hookimpl_plugins_and_subset_arguments() -> None:
     pipeline.add(plugin, name="hooks", output=MemoryOutput())
     pipeline.startup()
     at = PG_EPOCH
-    rel = Relation(16384, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
+    rel = RelationMessage(16384, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
     for message in (Begin(LSN(100), at, 7), rel, Insert(16384, TupleData(b"t", (b"5",))),
                     Commit(LSN(100), LSN(120), at)):
         pipeline.handle(message, LSN(90))
@@ -185,7 +185,7 @@ def test_fast_change_is_asked_once_per_relation_per_transaction() -> None:
     pipeline = Pipeline(proto_version=1)
     pipeline.add(Fast(), output=out)
     pipeline.startup()
-    rel = Relation(16401, "public", "t", "d", (RelationColumn(True, "id", 20, -1),))
+    rel = RelationMessage(16401, "public", "t", "d", (RelationColumn(True, "id", 20, -1),))
     lsn = 0x1000
     for data in [encode(rel)] + [
             encode(m) for xid in (7, 8) for m in (

@@ -30,8 +30,8 @@ from plugin_framework.protocol import (
     Commit,
     Delete,
     Insert,
-    Relation,
     RelationColumn,
+    RelationMessage,
     TupleData,
     Update,
     encode,
@@ -128,14 +128,14 @@ _names = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\
 
 
 @st.composite
-def relations(draw: st.DrawFn) -> tuple[Relation, list[int]]:
+def relations(draw: st.DrawFn) -> tuple[RelationMessage, list[int]]:
     types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=7))
     names = draw(st.lists(_names, min_size=len(types), max_size=len(types), unique=True))
     keys = draw(st.lists(st.booleans(), min_size=len(types), max_size=len(types)))
     columns = tuple(RelationColumn(k, n, t, -1) for k, n, t in zip(keys, names, types,
                                                                      strict=True))
     identity = draw(st.sampled_from("dfi"))
-    return Relation(16400, draw(_names), draw(_names), identity, columns), types
+    return RelationMessage(16400, draw(_names), draw(_names), identity, columns), types
 
 
 @st.composite
@@ -149,7 +149,7 @@ def rows(draw: st.DrawFn, types: list[int]) -> TupleData:
 
 
 @st.composite
-def changes(draw: st.DrawFn) -> tuple[Relation, list[Any]]:
+def changes(draw: st.DrawFn) -> tuple[RelationMessage, list[Any]]:
     relation, types = draw(relations())
     out: list[Any] = []
     for _ in range(draw(st.integers(1, 4))):
@@ -194,7 +194,7 @@ class Run:
         self.lines = out.lines
 
 
-def transaction(relation: Relation, body: list[Any]) -> list[bytes]:
+def transaction(relation: RelationMessage, body: list[Any]) -> list[bytes]:
     when = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
     return [encode(relation), encode(Begin(LSN(0x2000000), when, 741)),
             *(encode(m) for m in body),
@@ -221,7 +221,7 @@ def _utf8(raw: bytes) -> bool:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes(), st.sampled_from([{}, {"numeric-as": "number"}, {"bytea": "base64"}]))
-def test_fast_lines_equal_the_callbacks(example: tuple[Relation, list[Any]],
+def test_fast_lines_equal_the_callbacks(example: tuple[RelationMessage, list[Any]],
                                         options: dict[str, str | None]) -> None:
     relation, body = example
     messages = transaction(relation, body)
@@ -257,7 +257,7 @@ def test_server_like_rows_all_take_the_fast_path(data: st.DataObject) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(changes(), st.data())
-def test_damaged_messages_are_left_to_the_decoder(example: tuple[Relation, list[Any]],
+def test_damaged_messages_are_left_to_the_decoder(example: tuple[RelationMessage, list[Any]],
                                                   data: st.DataObject) -> None:
     """A damaged row change is never formatted: the decoder reports it, as without the fast
     path (or, damaged into another valid message, both print the same)."""
@@ -284,8 +284,8 @@ def test_damaged_messages_are_left_to_the_decoder(example: tuple[Relation, list[
     b"{" * 7 + b"a" + b"}" * 7,
 ])
 def test_array_shapes(raw: bytes) -> None:
-    relation = Relation(16400, "public", "t", "d",
-                        (RelationColumn(True, "a", 1009, -1),))
+    relation = RelationMessage(16400, "public", "t", "d",
+                               (RelationColumn(True, "a", 1009, -1),))
     row = TupleData(b"t", (raw,))
     messages = transaction(relation, [Insert(16400, row), Insert(16400, row)])
     fast = Run(messages, True, {})
@@ -329,7 +329,7 @@ def test_each_native_code_writes_what_its_converter_does(conv: Any, data: st.Dat
     selected = _selected_by(conv)
     assert selected, f"no type drawn here converts by {NATIVE_KIND[conv]}: add one to SERVER"
     t, options = data.draw(st.sampled_from(selected))
-    relation = Relation(16400, "public", "t", "d", (RelationColumn(True, "v", t, -1),))
+    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "v", t, -1),))
     values = data.draw(st.lists(VALUES[t], min_size=1, max_size=4))
     body = [Insert(16400, TupleData(b"t", (v,))) for v in values]
     messages = transaction(relation, body)
@@ -343,10 +343,10 @@ def test_each_native_code_writes_what_its_converter_does(conv: Any, data: st.Dat
 
 # --- where the pipeline uses a fast_change, and where not --------------------------------------
 
-TABLE = Relation(16401, "public", "items", "d", (RelationColumn(True, "id", 20, -1),
-                                                 RelationColumn(False, "name", 25, -1)))
-WIDER = Relation(16401, "public", "items", "d", (*TABLE.columns,
-                                                 RelationColumn(False, "n", 23, -1)))
+TABLE = RelationMessage(16401, "public", "items", "d", (RelationColumn(True, "id", 20, -1),
+                                                        RelationColumn(False, "name", 25, -1)))
+WIDER = RelationMessage(16401, "public", "items", "d", (*TABLE.columns,
+                                                        RelationColumn(False, "n", 23, -1)))
 
 
 def _row(*values: bytes | None) -> TupleData:
@@ -488,7 +488,7 @@ def test_formatters_may_decline_and_are_held_to_textual_output() -> None:
     pipeline = Pipeline(proto_version=1)
     pipeline.add(_Declining(), output=out)
     pipeline.startup()
-    ids = Relation(16402, "public", "ids", "d", (RelationColumn(True, "id", 20, -1),))
+    ids = RelationMessage(16402, "public", "ids", "d", (RelationColumn(True, "id", 20, -1),))
     _feed(pipeline, [ids, _begin(), Insert(16402, TupleData(b"t", (b"2",))),
                      Insert(16402, TupleData(b"t", (b"3",))), _commit()])
     assert out.lines[0] == "fast" and orjson.loads(out.lines[1])["new"] == {"id": 3}

@@ -27,7 +27,7 @@ from plugin_framework.protocol import (
     Message,
     Origin,
     Prepare,
-    Relation,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -114,7 +114,7 @@ def check_stream(w: Workload, messages: list[Message], proto: int, streaming: bo
             assert m.commit_time == commit.commit_time == ts
 
     # Relations: ids, names, columns, key flags and replica identity from the catalog.
-    relations = {m.name: m for m in messages if isinstance(m, Relation)}
+    relations = {m.name: m for m in messages if isinstance(m, RelationMessage)}
     for name in ("items", "fulltab", "moods", "bulk", "parent", "child"):
         rel = relations[name]
         assert rel.relation_id == f.oids[name]
@@ -251,7 +251,7 @@ def test_walsender_live_stream(workload: Workload) -> None:
     # and Type, which have no WAL record of their own, carry 0/0; so may Begin, which pgoutput
     # sends only once the first published change is decoded.
     for message, got in zip(messages, workload.live, strict=True):
-        if isinstance(message, (Relation, Type)):
+        if isinstance(message, (RelationMessage, Type)):
             assert got.lsn == LSN(0)
         elif isinstance(message, Commit):
             assert got.lsn == by_data[got.data] == message.end_lsn, message

@@ -29,7 +29,7 @@ from plugin_framework.rowfilter.expression import (
 )
 from plugin_framework.rowfilter.functions import Infinity, to_float4
 from plugin_framework.rowfilter.pgcatalog import TypeCatalog
-from plugin_framework.rowfilter.tables import TableInfo, Tables
+from plugin_framework.rowfilter.tables import CatalogTable, Tables
 
 TABLE = """
 CREATE TABLE ev (id int PRIMARY KEY, a int, b bigint, s smallint, n numeric, f float8,
@@ -189,7 +189,7 @@ class Harness:
         self.db = db
         self.conn = db.connect(autocommit=True)
         self.cat = TypeCatalog.connect(db.conninfo)
-        self.table: TableInfo = Tables(self.cat).require(
+        self.table: CatalogTable = Tables(self.cat).require(
             Tables(self.cat).resolve_name("public.ev"))
         self.positions = {c.name: i for i, c in enumerate(self.table.columns)}
         self.tr = Transformer()

@@ -9,7 +9,7 @@ import orjson
 
 from emitters.json.fast import FAST_PATH_BUILT
 from emitters.json.options import OPTIONS
-from emitters.json.relation import Plan, opaque_columns, row, row_mixed
+from emitters.json.relation import JsonRelationPlan, opaque_columns, row, row_mixed
 from emitters.options import parse_options
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework import KIND_BINARY
@@ -59,16 +59,17 @@ class _State:
         self.types = TypeConverters(numeric_as=options["numeric-as"], bytea=options["bytea"],
                                     catalog=catalog)
         self.events: bool = options["include-transaction-events"]
-        self.plans: dict[Any, Plan] = {}  # by Relation object: a new description, a new plan
-        self.last: tuple[Any, Plan | None] = (None, None)
+        # by Relation object: a new description, a new plan
+        self.plans: dict[Any, JsonRelationPlan] = {}
+        self.last: tuple[Any, JsonRelationPlan | None] = (None, None)
 
-    def plan(self, relation: Any) -> Plan:
+    def plan(self, relation: Any) -> JsonRelationPlan:
         last, plan = self.last
         if relation is last and plan is not None:
             return plan
         plan = self.plans.get(relation)
         if plan is None:
-            plan = self.plans[relation] = Plan(relation, self.types)
+            plan = self.plans[relation] = JsonRelationPlan(relation, self.types)
         self.last = (relation, plan)
         return plan
 

@@ -13,7 +13,7 @@ from emitters.json.fast import row_format
 from plugin_framework.framework import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 from plugin_framework.pgtypes import TypeConverters
 
-__all__ = ["Plan", "opaque_columns", "row", "row_mixed"]
+__all__ = ["JsonRelationPlan", "opaque_columns", "row", "row_mixed"]
 
 _dumps: Final = orjson.dumps
 _call: Final = operator.call
@@ -21,8 +21,8 @@ _call: Final = operator.call
 _IDENTITY: Final = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 
 
-class Plan:
-    """What the emitter computes once per relation description."""
+class JsonRelationPlan:
+    """What the json emitter computes once per relation description."""
 
     __slots__ = ("all_binary", "all_text", "bconv", "fast", "heads", "key_idx", "names",
                  "opaque", "tconv", "truncate_head")
@@ -55,7 +55,7 @@ class Plan:
 _NO_TOAST: Final[list[str]] = []
 
 
-def row(plan: Plan, data: Any) -> tuple[dict[str, Any], list[str]]:
+def row(plan: JsonRelationPlan, data: Any) -> tuple[dict[str, Any], list[str]]:
     """A tuple as {column: value}, and the names of its unchanged TOAST columns (left out).
     The list returned for a row without any is shared: never modify it."""
     kinds, values = data.kinds, data.values
@@ -66,7 +66,7 @@ def row(plan: Plan, data: Any) -> tuple[dict[str, Any], list[str]]:
     return row_mixed(plan, kinds, values, range(len(kinds)))
 
 
-def row_mixed(plan: Plan, kinds: bytes, values: Sequence[Any],
+def row_mixed(plan: JsonRelationPlan, kinds: bytes, values: Sequence[Any],
               columns: Sequence[int]) -> tuple[dict[str, Any], list[str]]:
     """The ``columns`` of a tuple whose values are not all in one format."""
     out: dict[str, Any] = {}
@@ -85,7 +85,7 @@ def row_mixed(plan: Plan, kinds: bytes, values: Sequence[Any],
     return out, toast
 
 
-def opaque_columns(plan: Plan, *rows: Any) -> list[str]:
+def opaque_columns(plan: JsonRelationPlan, *rows: Any) -> list[str]:
     """The columns of types pgdecode cannot render that came in binary format in ``rows``."""
     found = []
     for i in plan.opaque:

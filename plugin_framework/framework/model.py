@@ -17,7 +17,7 @@ from psycopg import pq
 from psycopg.abc import Loader
 from psycopg.adapt import Transformer
 
-from plugin_framework._slots import new_object, slot_setters
+from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.pgtypes import format_type
 from plugin_framework.protocol import (
     KIND_BINARY,
@@ -26,9 +26,9 @@ from plugin_framework.protocol import (
     KIND_UNCHANGED_TOAST,
     LSN,
     UNCHANGED_TOAST,
+    RelationMessage,
     TupleData,
 )
-from plugin_framework.protocol import Relation as RelationMessage
 
 _transformer = Transformer()
 
@@ -203,9 +203,9 @@ class Change:
     xid: int | None = None  # the (sub)transaction that made it, inside stream blocks
 
 
-# The reorder buffer builds a Change for every row change, by setting its slots (see _slots.py).
+# The reorder buffer builds a Change for every row change, by setting its slots (see _frozen.py).
 (_SET_ACTION, _SET_RELATION, _SET_NEW, _SET_OLD, _SET_OLD_IS_KEY, _SET_LSN, _SET_XID) = (
-    slot_setters(Change, "action", "relation", "new", "old", "old_is_key", "lsn", "xid"))
+    frozen_setters(Change, "action", "relation", "new", "old", "old_is_key", "lsn", "xid"))
 
 
 def new_change(action: Action, relation: Relation, new: Row | None, old: Row | None,

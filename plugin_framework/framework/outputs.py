@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from plugin_framework._slots import new_object, slot_setters
+from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.protocol import LSN
 
 
@@ -29,8 +29,8 @@ class OutputRecord:
     data: bytes
 
 
-# A record is made for every line a plugin writes, by setting its slots (see _slots.py).
-_SET_LSN, _SET_XID, _SET_DATA = slot_setters(OutputRecord, "lsn", "xid", "data")
+# A record is made for every line a plugin writes, by setting its slots (see _frozen.py).
+_SET_LSN, _SET_XID, _SET_DATA = frozen_setters(OutputRecord, "lsn", "xid", "data")
 
 
 def new_record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:

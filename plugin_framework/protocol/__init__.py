@@ -41,8 +41,8 @@ from plugin_framework.protocol.messages import (
     Message,
     Origin,
     Prepare,
-    Relation,
     RelationColumn,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -62,15 +62,16 @@ from plugin_framework.protocol.raw import (
     id_after_tag,
     is_row_change,
 )
-from plugin_framework.protocol.tags import MessageTag, TupleKind
+from plugin_framework.protocol.tags import CopyDataTag, MessageTag, TupleKind
 
 __all__ = [
     "ID_AFTER_TAG", "INVALID_LSN", "KIND_BINARY", "KIND_NULL", "KIND_TEXT", "KIND_UNCHANGED_TOAST",
     "LSN", "MAX_PROTO_VERSION", "MIN_PROTO_VERSION", "PG_EPOCH", "ROW_CHANGE_MIN_SIZE",
     "ROW_CHANGE_TAGS",
-    "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Commit", "CommitPrepared", "Decoder", "Delete",
+    "UNCHANGED_TOAST", "Begin", "BeginPrepare", "Commit", "CommitPrepared", "CopyDataTag",
+    "Decoder", "Delete",
     "Insert", "InvalidFieldError", "LogicalMessage", "Message", "MessageTag", "Origin", "Prepare",
-    "PrimaryKeepalive", "ProtocolError", "Relation", "RelationColumn", "RollbackPrepared",
+    "PrimaryKeepalive", "ProtocolError", "RelationColumn", "RelationMessage", "RollbackPrepared",
     "StandbyStatusUpdate", "StreamAbort", "StreamCommit", "StreamPrepare", "StreamStart",
     "StreamStop", "Truncate", "TruncatedMessageError", "TupleData", "TupleKind", "Type",
     "UnexpectedMessageError", "UnknownMessageTypeError", "Update", "XLogData", "decode_copy_data",

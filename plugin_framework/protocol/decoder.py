@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
-from plugin_framework._slots import new_object, slot_setters
+from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.protocol.errors import (
     InvalidFieldError,
     ProtocolError,
@@ -36,8 +36,8 @@ from plugin_framework.protocol.messages import (
     Message,
     Origin,
     Prepare,
-    Relation,
     RelationColumn,
+    RelationMessage,
     ReplicaIdentity,
     RollbackPrepared,
     StreamAbort,
@@ -257,7 +257,7 @@ class Decoder:
 
     # --- catalog ----------------------------------------------------------------------------
 
-    def _relation(self, data: bytes) -> Relation:
+    def _relation(self, data: bytes) -> RelationMessage:
         xid, pos = self._xid(data)
         if len(data) < pos + 4:
             raise _truncated(data, "relation id")
@@ -290,7 +290,7 @@ class Decoder:
             columns.append(RelationColumn(bool(flags), colname, type_oid, typmod))
         _end(data, pos)
         replica_identity: ReplicaIdentity = identity  # type: ignore[assignment]
-        return Relation(relid, namespace, name, replica_identity, tuple(columns), xid)
+        return RelationMessage(relid, namespace, name, replica_identity, tuple(columns), xid)
 
     def _type(self, data: bytes) -> Type:
         xid, pos = self._xid(data)
@@ -462,12 +462,13 @@ def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
     return _make_tuple_data(bytes(kinds), tuple(values)), pos
 
 
-# TupleData and the change messages are built by setting their slots (see _slots.py).
-_TD_KINDS, _TD_VALUES = slot_setters(TupleData, "kinds", "values")
-_INS_RELID, _INS_NEW, _INS_XID = slot_setters(Insert, "relation_id", "new", "xid")
-_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = slot_setters(
+# TupleData and the change messages are built by setting their slots (see _frozen.py).
+_TD_KINDS, _TD_VALUES = frozen_setters(TupleData, "kinds", "values")
+_INS_RELID, _INS_NEW, _INS_XID = frozen_setters(Insert, "relation_id", "new", "xid")
+_UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = frozen_setters(
     Update, "relation_id", "new", "key", "old", "xid")
-_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = slot_setters(Delete, "relation_id", "key", "old", "xid")
+_DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = frozen_setters(
+    Delete, "relation_id", "key", "old", "xid")
 
 
 def _make_tuple_data(kinds: bytes, values: tuple[bytes | None, ...]) -> TupleData:

@@ -25,7 +25,7 @@ from plugin_framework.protocol.messages import (
     Message,
     Origin,
     Prepare,
-    Relation,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -114,7 +114,7 @@ def _origin(m: Origin) -> bytes:
     return _pack(">cQ", _ORIGIN, m.origin_lsn) + _string(m.name)
 
 
-def _relation(m: Relation) -> bytes:
+def _relation(m: RelationMessage) -> bytes:
     parts = [
         _RELATION, _xid(m.xid), _pack(">I", m.relation_id), _string(m.namespace), _string(m.name),
         _pack(">cH", m.replica_identity.encode(), len(m.columns)),
@@ -208,7 +208,7 @@ _ENCODERS: dict[type, Callable[[Any], bytes]] = {
     Begin: _begin,
     Commit: _commit,
     Origin: _origin,
-    Relation: _relation,
+    RelationMessage: _relation,
     Type: _type,
     Insert: _insert,
     Update: _update,

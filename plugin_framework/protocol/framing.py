@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from plugin_framework.protocol.errors import (
     InvalidFieldError,
@@ -17,16 +18,21 @@ from plugin_framework.protocol.errors import (
 )
 from plugin_framework.protocol.lsn import LSN
 from plugin_framework.protocol.pgtime import from_pg_micros, to_pg_micros
+from plugin_framework.protocol.tags import CopyDataTag
 
-_XLOGDATA = struct.Struct(">cQQq")
-_KEEPALIVE = struct.Struct(">cQqB")
-_STATUS = struct.Struct(">cQQQqB")
+# The type bytes as plain ints: the hot paths compare with ==, and the structs pack them ("B").
+XLOGDATA_TAG: Final = int(CopyDataTag.XLOGDATA)  # 'w'
+_KEEPALIVE_TAG: Final = int(CopyDataTag.PRIMARY_KEEPALIVE)  # 'k'
+_STATUS_TAG: Final = int(CopyDataTag.STANDBY_STATUS_UPDATE)  # 'r'
+
+_XLOGDATA = struct.Struct(">BQQq")
+_KEEPALIVE = struct.Struct(">BQqB")
+_STATUS = struct.Struct(">BQQQqB")
 
 # For readers that take XLogData apart in their hot loop without building an XLogData (the
-# walsender source): the type byte, the header's size (the pgoutput message follows it), and
-# the start LSN, read at offset 1. A payload shorter than the header goes to decode_copy_data,
-# which raises the proper error.
-XLOGDATA_TAG = 0x77  # 'w'
+# walsender source): the type byte (XLOGDATA_TAG, above), the header's size (the pgoutput
+# message follows it), and the start LSN, read at offset 1. A payload shorter than the header
+# goes to decode_copy_data, which raises the proper error.
 XLOGDATA_HEADER_SIZE = _XLOGDATA.size
 xlogdata_wal_start = struct.Struct(">Q").unpack_from
 
@@ -75,7 +81,7 @@ def decode_copy_data(data: bytes | bytearray | memoryview) -> XLogData | Primary
     if not data:
         raise TruncatedMessageError("empty CopyData: no type byte", 0)
     tag = data[0]
-    if tag == 0x77:  # 'w'
+    if tag == XLOGDATA_TAG:
         if len(data) < _XLOGDATA.size:
             raise TruncatedMessageError(
                 f"XLogData header needs {_XLOGDATA.size} bytes, got {len(data)}", len(data), "w"
@@ -83,7 +89,7 @@ def decode_copy_data(data: bytes | bytearray | memoryview) -> XLogData | Primary
         _, start, end, sent = _XLOGDATA.unpack_from(data)
         return XLogData(LSN(start), LSN(end), _time(sent, 17, "w"),
                         bytes(data[_XLOGDATA.size:]))
-    if tag == 0x6B:  # 'k'
+    if tag == _KEEPALIVE_TAG:
         if len(data) != _KEEPALIVE.size:
             raise TruncatedMessageError(
                 f"keepalive is {_KEEPALIVE.size} bytes, got {len(data)}", len(data), "k"
@@ -100,21 +106,22 @@ def decode_copy_data(data: bytes | bytearray | memoryview) -> XLogData | Primary
 def encode_copy_data(message: XLogData | PrimaryKeepalive | StandbyStatusUpdate) -> bytes:
     if isinstance(message, XLogData):
         return _XLOGDATA.pack(
-            b"w", message.wal_start, message.wal_end, to_pg_micros(message.send_time)
+            XLOGDATA_TAG, message.wal_start, message.wal_end, to_pg_micros(message.send_time)
         ) + message.data
     if isinstance(message, PrimaryKeepalive):
         return _KEEPALIVE.pack(
-            b"k", message.wal_end, to_pg_micros(message.send_time), message.reply_requested
+            _KEEPALIVE_TAG, message.wal_end, to_pg_micros(message.send_time),
+            message.reply_requested,
         )
     return _STATUS.pack(
-        b"r", message.written, message.flushed, message.applied,
+        _STATUS_TAG, message.written, message.flushed, message.applied,
         to_pg_micros(message.client_time), message.reply_requested,
     )
 
 
 def decode_standby_status(data: bytes | bytearray | memoryview) -> StandbyStatusUpdate:
     """Decode a standby status update (what a server receives; used by tests and tools)."""
-    if len(data) != _STATUS.size or data[0] != 0x72:
+    if len(data) != _STATUS.size or data[0] != _STATUS_TAG:
         raise InvalidFieldError(
             f"standby status update is 'r' and {_STATUS.size} bytes", 0, "r"
         )

@@ -131,8 +131,10 @@ class Origin:
 
 
 @dataclass(frozen=True, slots=True)
-class Relation:
-    """A table's description. ``namespace`` is "" for pg_catalog, as the server sends it."""
+class RelationMessage:
+    """A table's description: the Relation message ('R'), which carries what PostgreSQL calls
+    a ``LogicalRepRelation``. ``namespace`` is "" for pg_catalog, as the server sends it.
+    (The relation a plugin is given is ``plugin_framework.framework.Relation``, made from it.)"""
 
     relation_id: int
     namespace: str
@@ -144,7 +146,8 @@ class Relation:
 
 @dataclass(frozen=True, slots=True)
 class Type:
-    """A non-built-in data type used by a following Relation. "" namespace means pg_catalog."""
+    """A non-built-in data type used by a following Relation message. "" namespace means
+    pg_catalog."""
 
     type_oid: int
     namespace: str
@@ -288,10 +291,10 @@ class StreamPrepare:
 
 
 Message: TypeAlias = (
-    Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
+    Begin | Commit | Origin | RelationMessage | Type | Insert | Update | Delete | Truncate
     | LogicalMessage | StreamStart | StreamStop | StreamCommit | StreamAbort | BeginPrepare
     | Prepare | CommitPrepared | RollbackPrepared | StreamPrepare
 )
 
 # Messages that carry an xid when, and only when, they are inside a stream block.
-STREAMABLE = (Relation, Type, Insert, Update, Delete, Truncate, LogicalMessage)
+STREAMABLE = (RelationMessage, Type, Insert, Update, Delete, Truncate, LogicalMessage)

@@ -14,6 +14,9 @@ logicalproto.h) member for member: ``LOGICAL_REP_MSG_BEGIN`` 'B', ``LOGICAL_REP_
 
 ``TupleKind`` mirrors the ``LOGICALREP_COLUMN_*`` markers of the same header.
 
+``CopyDataTag`` is the type byte of the replication protocol's CopyData messages around
+them (PostgreSQL's protocol documentation, "Streaming Replication Protocol").
+
 The C code reads these through a header generated from them (``protocol/cheader.py``); a
 test holds the committed emitters/pgoutput_tags.h to the generator's output.
 """
@@ -71,6 +74,17 @@ class TupleKind(IntEnum):
     UNCHANGED_TOAST = ord("u")  # LOGICALREP_COLUMN_UNCHANGED
     TEXT = ord("t")
     BINARY = ord("b")
+
+
+class CopyDataTag(IntEnum):
+    """The first byte of a CopyData message on a replication connection, as PostgreSQL's
+    protocol documentation names them: from the server, XLogData 'w' (one pgoutput message
+    and its WAL position) and Primary keepalive message 'k'; from the client, Standby status
+    update 'r'."""
+
+    XLOGDATA = ord("w")
+    PRIMARY_KEEPALIVE = ord("k")
+    STANDBY_STATUS_UPDATE = ord("r")
 
 
 # Messages that exist from protocol version 2 (streaming) on. Stream Prepare belongs to

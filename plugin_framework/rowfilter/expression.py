@@ -23,7 +23,7 @@ from plugin_framework.rowfilter.evaluate import Compiled, Compiler
 from plugin_framework.rowfilter.functions import Infinity
 from plugin_framework.rowfilter.parse_state import render
 from plugin_framework.rowfilter.pgcatalog import TypeCatalog
-from plugin_framework.rowfilter.tables import TableInfo
+from plugin_framework.rowfilter.tables import CatalogTable
 
 _PREFIX = "CREATE PUBLICATION pgdecode_row_filter FOR TABLE "
 _transformer = Transformer()
@@ -130,7 +130,7 @@ class FilterExpression:
     """A row filter analyzed for a table."""
 
     text: str
-    table: TableInfo
+    table: CatalogTable
     tree: n.Expr
     catalog: TypeCatalog
 
@@ -142,7 +142,7 @@ class FilterExpression:
         return Compiler(self.catalog, positions).compile(self.tree)
 
 
-def analyze_filter(text: str, table: TableInfo, catalog: TypeCatalog) -> FilterExpression:
+def analyze_filter(text: str, table: CatalogTable, catalog: TypeCatalog) -> FilterExpression:
     """Parse, check and analyze a filter of a table; RowFilterError if PostgreSQL would
     refuse it (with PostgreSQL's message) or pgdecode cannot evaluate it faithfully."""
     table_sql = qualified(table.schema, table.name)

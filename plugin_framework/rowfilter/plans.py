@@ -19,7 +19,7 @@ from plugin_framework.rowfilter.expression import (
 )
 from plugin_framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.rowfilter.spec import DML, PublicationSpec, TableRule
-from plugin_framework.rowfilter.tables import TableInfo, Tables
+from plugin_framework.rowfilter.tables import CatalogTable, Tables
 
 log = logging.getLogger("pgdecode.rowfilter")
 
@@ -28,8 +28,8 @@ log = logging.getLogger("pgdecode.rowfilter")
 class RelationPlan:
     """What the publications do with one relation's changes."""
 
-    table: TableInfo  # the relation the changes are made to
-    publish_as: TableInfo  # the relation they are published as (the root, via the root)
+    table: CatalogTable  # the relation the changes are made to
+    publish_as: CatalogTable  # the relation they are published as (the root, via the root)
     actions: frozenset[str]
     filters: dict[str, list[FilterExpression] | None]  # per DML operation; None: unfiltered
     columns: tuple[str, ...] | None  # the column list; None: every column
@@ -80,7 +80,7 @@ class PublicationPlans:
                             context=f'row filter of table "{rule.name}"')
                     parse_table_name(rule.name)
             return
-        candidates: dict[int, TableInfo] = {}
+        candidates: dict[int, CatalogTable] = {}
         for pub in self.publications:
             if pub.schemas and any(r.columns for r in pub.tables):
                 rule = next(r for r in pub.tables if r.columns)
@@ -101,7 +101,7 @@ class PublicationPlans:
             self._check_identity(table)
             self.plan(table)  # analyzes the filters, checks the column lists
 
-    def _check_rule(self, pub: PublicationSpec, rule: TableRule, table: TableInfo) -> None:
+    def _check_rule(self, pub: PublicationSpec, rule: TableRule, table: CatalogTable) -> None:
         where = f'table "{table.qualified_name}" in publication "{pub.name}"'
         if table.relkind == "p" and not pub.via_root:
             if rule.row_filter is not None:
@@ -130,7 +130,7 @@ class PublicationPlans:
             self.expression(pub, rule, table)
 
     def expression(self, pub: PublicationSpec, rule: TableRule,
-                   table: TableInfo) -> FilterExpression:
+                   table: CatalogTable) -> FilterExpression:
         key = (id(rule), table.relid)
         expr = self._expressions.get(key)
         if expr is None:
@@ -155,7 +155,7 @@ class PublicationPlans:
         with contextlib.suppress(EvaluationError):
             expr.compile({c.name: i for i, c in enumerate(expr.table.columns)})
 
-    def _check_identity(self, table: TableInfo) -> None:
+    def _check_identity(self, table: CatalogTable) -> None:
         """pub_rf_contains_invalid_column and pub_contains_invalid_column, for every
         publication that publishes UPDATE or DELETE of the table."""
         assert self.tables is not None
@@ -181,8 +181,8 @@ class PublicationPlans:
                 # stream; pgoutput would evaluate the filter as it is. So does pgdecode.
                 log.warning("%s", str(exc).replace("\n", " "))
 
-    def _check_rule_identity(self, pub: PublicationSpec, rule: TableRule, table: TableInfo,
-                             publish_as: TableInfo, ops: str, where: str) -> None:
+    def _check_rule_identity(self, pub: PublicationSpec, rule: TableRule, table: CatalogTable,
+                             publish_as: CatalogTable, ops: str, where: str) -> None:
         if rule.row_filter is not None and table.replident != "f":
             expr = self.expression(pub, rule, publish_as)
             bad = sorted(expr.columns - table.identity)
@@ -213,15 +213,15 @@ class PublicationPlans:
 
     # --- planning (get_rel_sync_entry) ---------------------------------------------------------
 
-    def _table(self, relid: int) -> TableInfo:
+    def _table(self, relid: int) -> CatalogTable:
         assert self.tables is not None
         return self.tables.require(relid)
 
     def _topmost_listing(self, pub: PublicationSpec,
-                         table: TableInfo) -> tuple[TableInfo | None, int]:
+                         table: CatalogTable) -> tuple[CatalogTable | None, int]:
         """GetTopMostAncestorInPublication: the topmost ancestor the publication lists, and
         its level."""
-        top: TableInfo | None = None
+        top: CatalogTable | None = None
         level = 0
         for i, anc in enumerate(table.ancestors, 1):
             info = self._table(anc)
@@ -229,7 +229,7 @@ class PublicationPlans:
                 top, level = info, i
         return top, level
 
-    def plan(self, table: TableInfo) -> RelationPlan | None:
+    def plan(self, table: CatalogTable) -> RelationPlan | None:
         """What the publications do with changes to this relation; None: not published."""
         if table.relid in self._plans:
             return self._plans[table.relid]
@@ -267,7 +267,7 @@ class PublicationPlans:
         return plan
 
     def _row_filters(self, pubs: list[PublicationSpec],
-                     rel: TableInfo) -> dict[str, list[FilterExpression] | None]:
+                     rel: CatalogTable) -> dict[str, list[FilterExpression] | None]:
         """pgoutput_row_filter_init: per operation, the filters to OR, or None."""
         no_filter = dict.fromkeys(DML, False)
         filters: dict[str, list[FilterExpression]] = {a: [] for a in DML}
@@ -287,7 +287,8 @@ class PublicationPlans:
                     filters[a].append(expr)
         return {a: None if no_filter[a] or not filters[a] else filters[a] for a in DML}
 
-    def _column_list(self, pubs: list[PublicationSpec], rel: TableInfo) -> tuple[str, ...] | None:
+    def _column_list(self, pubs: list[PublicationSpec],
+                     rel: CatalogTable) -> tuple[str, ...] | None:
         """pgoutput_column_list_init: the publications must agree."""
         result: tuple[str, ...] | None = None
         first = True

@@ -35,7 +35,7 @@ from plugin_framework.rowfilter.spec import (
     TableRule,
     spec_publication,
 )
-from plugin_framework.rowfilter.tables import TableInfo, table_from_relation
+from plugin_framework.rowfilter.tables import CatalogTable, table_from_relation
 
 log = logging.getLogger("pgdecode.rowfilter")
 
@@ -188,7 +188,7 @@ class PublicationFilters(PublicationPlans):
         self._compiled[id(relation)] = (relation, compiled)
         return compiled
 
-    def _table_of(self, relation: Relation) -> TableInfo:
+    def _table_of(self, relation: Relation) -> CatalogTable:
         if self.tables is not None:
             info = self.tables.get(relation.relation_id)
             if info is not None and info.name == relation.name:
@@ -257,7 +257,7 @@ class PublicationFilters(PublicationPlans):
             out = self._project(out, tuple(keep))
         return _Compiled(plan, predicates, out, cols, old_is_key)
 
-    def _check_identity_offline(self, table: TableInfo) -> None:
+    def _check_identity_offline(self, table: CatalogTable) -> None:
         for pub in self.publications:
             rule = pub.rule(table)
             if (rule is None or rule.columns is None or not {"update", "delete"} & pub.publish
@@ -289,7 +289,7 @@ class PublicationFilters(PublicationPlans):
         return rel
 
     def _as_relation(self, relation: Relation,
-                     target: TableInfo) -> tuple[Relation, tuple[int, ...]]:
+                     target: CatalogTable) -> tuple[Relation, tuple[int, ...]]:
         """The partition root a partition's changes are published as (by column name)."""
         names = [c.name for c in target.columns if c.name not in target.generated]
         key = (id(relation), (-target.relid,))

@@ -13,7 +13,7 @@ from plugin_framework.rowfilter.expression import (
     parse_filter,
     parse_table_name,
 )
-from plugin_framework.rowfilter.tables import TableInfo
+from plugin_framework.rowfilter.tables import CatalogTable
 
 DML = ("insert", "update", "delete")
 ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
@@ -50,7 +50,7 @@ class PublicationSpec:
                 f'unrecognized value for publication option "publish": "{sorted(bad)[0]}"')
         self.publish = frozenset(self.publish)
 
-    def rule(self, table: TableInfo) -> TableRule | None:
+    def rule(self, table: CatalogTable) -> TableRule | None:
         for r in self.tables:
             if r.relid is not None:
                 if r.relid == table.relid:
@@ -59,13 +59,13 @@ class PublicationSpec:
                 return r
         return None
 
-    def lists(self, table: TableInfo) -> bool:
+    def lists(self, table: CatalogTable) -> bool:
         """Whether the table is in the publication by itself (FOR TABLE, TABLES IN SCHEMA, or
         an ``others`` specification)."""
         return self.others or table.schema in self.schemas or self.rule(table) is not None
 
 
-def _same_name(name: str, table: TableInfo) -> bool:
+def _same_name(name: str, table: CatalogTable) -> bool:
     schema, rel = parse_table_name(name)
     return rel == table.name and (schema or "public") == table.schema
 

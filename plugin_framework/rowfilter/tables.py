@@ -11,7 +11,11 @@ from plugin_framework.rowfilter.pgcatalog import TypeCatalog
 
 
 @dataclass(frozen=True)
-class TableInfo:
+class CatalogTable:
+    """A table as the catalog describes it (pg_class, pg_attribute, pg_inherits), or as a
+    Relation message does when there is no catalog: what publication rules, row filters and
+    column lists are checked and compiled against."""
+
     relid: int
     schema: str
     name: str
@@ -43,7 +47,7 @@ class Tables:
 
     def __init__(self, catalog: TypeCatalog) -> None:
         self.cat = catalog
-        self._by_oid: dict[int, TableInfo | None] = {}
+        self._by_oid: dict[int, CatalogTable | None] = {}
 
     def resolve_name(self, name: str) -> int:
         """The OID of a table named as in SQL (search_path applies), or a clear error."""
@@ -56,18 +60,18 @@ class Tables:
             raise RowFilterError(f'relation "{name}" does not exist')
         return int(rows[0][0])
 
-    def get(self, relid: int) -> TableInfo | None:
+    def get(self, relid: int) -> CatalogTable | None:
         if relid not in self._by_oid:
             self._by_oid[relid] = self._load(relid)
         return self._by_oid[relid]
 
-    def require(self, relid: int) -> TableInfo:
+    def require(self, relid: int) -> CatalogTable:
         info = self.get(relid)
         if info is None:
             raise RowFilterError(f"relation with OID {relid} does not exist")
         return info
 
-    def _load(self, relid: int) -> TableInfo | None:
+    def _load(self, relid: int) -> CatalogTable | None:
         rows = self.cat._rows(
             "SELECT c.oid::int, n.nspname::text, c.relname::text, c.relkind::text, "
             "c.relispartition, c.relreplident::text FROM pg_class c "
@@ -99,8 +103,8 @@ class Tables:
                                  (relid,))
             ancestors = tuple(r[0] for r in anc if r[0] != relid)
         self.cat.load_types([c.type_oid for c in columns])
-        return TableInfo(oid, schema, name, relkind, ispartition, replident, columns,
-                         generated, identity, ancestors, {r[0]: r[6] for r in cols})
+        return CatalogTable(oid, schema, name, relkind, ispartition, replident, columns,
+                            generated, identity, ancestors, {r[0]: r[6] for r in cols})
 
     def partitions(self, relid: int) -> list[int]:
         """Every partition under a partitioned table (all levels)."""
@@ -124,11 +128,11 @@ class Tables:
         return [r[0] for r in rows]
 
 
-def table_from_relation(relation: Any) -> TableInfo:
+def table_from_relation(relation: Any) -> CatalogTable:
     """What a Relation message tells of a table, when there is no catalog to ask."""
     columns = tuple(ColumnInfo(c.name, c.type_oid, c.type_modifier, 0, i + 1)
                     for i, c in enumerate(relation.columns))
     identity = frozenset(c.name for c in relation.columns if c.is_key)
-    return TableInfo(relation.relation_id, relation.namespace, relation.name, "r", False,
-                     relation.replica_identity, columns, frozenset(), identity, (),
-                     {c.name: c.type_name for c in relation.columns})
+    return CatalogTable(relation.relation_id, relation.namespace, relation.name, "r", False,
+                        relation.replica_identity, columns, frozenset(), identity, (),
+                        {c.name: c.type_name for c in relation.columns})

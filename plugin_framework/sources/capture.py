@@ -23,10 +23,10 @@ from plugin_framework.protocol import (
     Decoder,
     PrimaryKeepalive,
     ProtocolError,
+    RelationMessage,
     XLogData,
     decode_copy_data,
 )
-from plugin_framework.protocol import Relation as RelationMessage
 
 MAGIC = b"PGDECODE-CAPTURE 1\n"
 _LEN = struct.Struct(">I")

@@ -137,8 +137,9 @@ def lsn_text(column: str | SparkColumn) -> SparkColumn:
 # --- per relation ------------------------------------------------------------------------------
 
 
-class _Plan:
-    """What the builder needs of one Relation: names, converters, its fixed fields."""
+class ArrowRowPlan:
+    """What the change builder needs of one Relation to fill its Arrow columns: names,
+    converters, its fixed fields."""
 
     __slots__ = ("all_text", "bconv", "descriptor", "key0", "key_idx", "key_names", "names",
                  "relation", "schema", "table", "tconv", "width")
@@ -165,12 +166,12 @@ class PlanCache:
 
     def __init__(self, catalog: Any = None) -> None:
         self.types = TypeConverters(catalog=catalog)
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[int, ArrowRowPlan] = {}
 
-    def plan(self, relation: Any) -> _Plan:
+    def plan(self, relation: Any) -> ArrowRowPlan:
         plan = self._plans.get(relation.relation_id)
         if plan is None or plan.relation is not relation:
-            plan = self._plans[relation.relation_id] = _Plan(relation, self.types)
+            plan = self._plans[relation.relation_id] = ArrowRowPlan(relation, self.types)
         return plan
 
 
@@ -181,7 +182,7 @@ def _text_of(value: Any) -> bytes:
     return _dumps(value)  # numbers, booleans, arrays, json: their JSON text
 
 
-def _row(plan: _Plan, kinds: bytes, values: Sequence[bytes | None],
+def _row(plan: ArrowRowPlan, kinds: bytes, values: Sequence[bytes | None],
          columns: Sequence[int] | None = None
          ) -> tuple[Sequence[str], Sequence[bytes | None], dict[str, Any], list[str]]:
     """A tuple as (map keys, map text values, typed-value dict, unchanged TOAST names)."""
@@ -267,10 +268,10 @@ class ChangeBuilder:
         self.after_json: list[bytes | None] = []
         self.toast: list[list[str]] = []
         self.txns: list[_TxnInfo] = []
-        self.relations: list[_Plan] = []
+        self.relations: list[ArrowRowPlan] = []
         self._rel_index: dict[int, int] = {}
         self._last_relation: Any = None
-        self._last_plan: tuple[_Plan, int] | None = None
+        self._last_plan: tuple[ArrowRowPlan, int] | None = None
         self.nbytes = 0
 
     def clear(self) -> None:
@@ -317,14 +318,14 @@ class ChangeBuilder:
 
     # -- rows
 
-    def _rel(self, plan: _Plan) -> int:
+    def _rel(self, plan: ArrowRowPlan) -> int:
         index = self._rel_index.get(id(plan))
         if index is None:
             index = self._rel_index[id(plan)] = len(self.relations)
             self.relations.append(plan)
         return index
 
-    def _plan(self, relation: Any) -> tuple[_Plan, int]:
+    def _plan(self, relation: Any) -> tuple[ArrowRowPlan, int]:
         if relation is self._last_relation:
             return self._last_plan  # type: ignore[return-value]
         plan = self.plans.plan(relation)
@@ -332,7 +333,7 @@ class ChangeBuilder:
         self._last_relation, self._last_plan = relation, found
         return found
 
-    def _key(self, plan: _Plan, data: Any) -> None:
+    def _key(self, plan: ArrowRowPlan, data: Any) -> None:
         kinds, values = data.kinds, data.values
         n = 0
         for i in plan.key_idx:

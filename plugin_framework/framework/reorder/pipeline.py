@@ -46,6 +46,7 @@ from plugin_framework.protocol import (
     Message,
     Origin,
     Prepare,
+    RelationMessage,
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
@@ -57,7 +58,6 @@ from plugin_framework.protocol import (
     Update,
     encode,
 )
-from plugin_framework.protocol import Relation as RelationMessage
 from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_MIN_SIZE, ROW_CHANGE_TAGS
 
 _UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet

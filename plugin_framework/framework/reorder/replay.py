@@ -20,10 +20,10 @@ from plugin_framework.protocol import (
     Insert,
     LogicalMessage,
     Message,
+    RelationMessage,
     Truncate,
     Update,
 )
-from plugin_framework.protocol import Relation as RelationMessage
 
 
 class Replay(ReorderBufferState):

@@ -1,4 +1,4 @@
-"""The hot paths' frozen-dataclass construction (plugin_framework/_slots.py)."""
+"""The hot paths' frozen-dataclass construction (plugin_framework/_frozen.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from plugin_framework._slots import new_object, slot_setters
+from plugin_framework._frozen import frozen_setters, new_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +16,7 @@ class Point:
 
 
 def test_setters_build_an_object_equal_to_the_constructors() -> None:
-    set_x, set_y = slot_setters(Point, "x", "y")
+    set_x, set_y = frozen_setters(Point, "x", "y")
     p = new_object(Point)
     set_x(p, 1)
     set_y(p, 2)
@@ -27,7 +27,7 @@ def test_setters_build_an_object_equal_to_the_constructors() -> None:
 @pytest.mark.parametrize("names", [("x",), ("y", "x"), ("x", "y", "z")])
 def test_every_field_in_order_is_required(names: tuple[str, ...]) -> None:
     with pytest.raises(TypeError, match="fields"):
-        slot_setters(Point, *names)
+        frozen_setters(Point, *names)
 
 
 def test_a_class_with_post_init_is_refused() -> None:
@@ -40,4 +40,4 @@ def test_a_class_with_post_init_is_refused() -> None:
                 raise ValueError("negative")
 
     with pytest.raises(TypeError, match="__post_init__"):
-        slot_setters(Checked, "x")
+        frozen_setters(Checked, "x")

@@ -1,7 +1,5 @@
 """Building frozen dataclasses on hot paths without their generated ``__init__``.
 
-(Slots as in ``__slots__``; replication slots are sources/slots.py.)
-
 A frozen dataclass's ``__init__`` stores each field through ``object.__setattr__``, which
 costs about as much as parsing a short row. The decoder's messages, the reorder buffer's
 ``Change`` and a context's ``OutputRecord`` are made once per change, so their hot paths
@@ -9,7 +7,7 @@ create the object with ``object.__new__`` and set each slot through its descript
 object in a third of the time.
 
 That is only the same object if every field is set and nothing else would have run.
-``slot_setters`` checks both when the module is imported: it refuses a class with
+``frozen_setters`` checks both when the module is imported: it refuses a class with
 ``__post_init__`` and insists on being given every field, in order, so a field added to the
 class later fails loudly instead of being left unset.
 """
@@ -23,9 +21,9 @@ from typing import Any
 new_object = object.__new__
 
 
-def slot_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
-    """The slot setters of a slotted frozen dataclass's fields ``names``: all of them, in
-    declaration order."""
+def frozen_setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
+    """The ``__slots__`` setters of a slotted frozen dataclass's fields ``names``: all of
+    them, in declaration order."""
     fields = tuple(f.name for f in dataclasses.fields(cls))
     if names != fields:
         raise TypeError(f"{cls.__name__}: fields {names} given, the class has {fields}")
