@@ -31,6 +31,10 @@ from plugin_framework import LSN
 from plugin_framework.cluster import LocalCluster
 from plugin_framework.framework.registry import installed_emitters
 
+# Slow: each test runs the pgdecode command in a new process.
+# `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
+pytestmark = pytest.mark.slow
+
 
 class Source:
     """A database with the options workload done, and a slot made before it ran."""

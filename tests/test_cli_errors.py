@@ -34,6 +34,10 @@ from plugin_framework.cluster import LocalCluster
 from plugin_framework.sources.capture import MAGIC
 from plugin_framework.sources.errors import describe_conninfo, explain
 
+# Slow: each test runs the pgdecode command in a new process.
+# `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
+pytestmark = pytest.mark.slow
+
 
 def error_of(result: subprocess.CompletedProcess[str]) -> str:
     """The error that ended a command: one message, no traceback."""

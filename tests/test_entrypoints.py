@@ -13,6 +13,10 @@ from typing import Any
 import pytest
 from workload import create_schema, run_workload
 
+# Slow: it installs entry points and runs the command in new processes.
+# `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 
 

@@ -374,6 +374,7 @@ EDGES = [
     # NULLIF with a NULL constant is folded to its first argument: the other is never run
     ({"d": "infinity"}, "a = nullif(NULL::int, d - '2000-01-01'::date)"),
     ({"a": 1}, "nullif(a, NULL) = 1 AND nullif(NULL::int, 1/0) IS NULL"),
+    ({"d": "infinity"}, "a = nullif(nullif(NULL::int, a), -(d - '2000-01-01'::date))"),
 ]
 
 

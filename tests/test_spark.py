@@ -35,6 +35,10 @@ from plugin_framework.spark.source import (
     SourceOptions,
 )
 
+# Slow: it starts a Spark session (a JVM).
+# `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
+pytestmark = pytest.mark.slow
+
 KEY = ("commit_lsn", "seq")
 
 
