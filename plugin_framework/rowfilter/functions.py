@@ -14,9 +14,10 @@ import math
 import operator
 import re
 import struct
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any
 
@@ -1233,7 +1234,6 @@ def _extract(field: str, t: Any, as_float: bool) -> Any:
     elif f == "epoch":
         dt = _date_ts(t)
         if dt.tzinfo is None:
-            from datetime import UTC
             dt = dt.replace(tzinfo=UTC)
         micro = int((dt - datetime(1970, 1, 1, tzinfo=dt.tzinfo)) / timedelta(microseconds=1))
         value = Decimal(micro).scaleb(-6).quantize(Decimal("0.000001"))
@@ -1324,8 +1324,6 @@ def input_value(typ: int, text: str) -> Any:
                 raise bad from None
         return text.encode()
     if typ == UUID:
-        import uuid
-
         try:
             return uuid.UUID(text.strip())
         except ValueError:

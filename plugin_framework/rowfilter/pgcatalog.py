@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import errors, pq
 from psycopg._encodings import conn_encoding
 
 from plugin_framework.pgtypes.oids import (
@@ -361,7 +362,5 @@ class TypeCatalog:
 
 
 def _check(result: Any, encoding: str) -> None:
-    from psycopg import errors, pq
-
     if result.status != pq.ExecStatus.COMMAND_OK:
         raise errors.error_from_result(result, encoding=encoding)
