@@ -155,19 +155,33 @@ class FileOutput:
         self._write = self._file.write
 
     def _resume(self, path: Path) -> int | None:
+        """The size to cut the file back to, from FILE.progress; None for a new file."""
         assert self._progress is not None
         try:
             state = json.loads(self._progress.read_text())
             self.resume_lsn = LSN(state["lsn"])
             self._slot = state.get("slot")
             self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
-            return int(state["size"])
+            size = state["size"]
+            if type(size) is not int or size < 0:
+                raise ValueError(f"the recorded size {size!r} is not a byte count")
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:
             raise OutputError(
                 f"{self._progress} is damaged ({exc}); remove it and {path} to start afresh"
             ) from None
+        actual = path.stat().st_size if path.exists() else 0
+        if size > actual:
+            # What FILE.progress calls durable was acknowledged to the server, which will not
+            # send it again: resuming would hide that it is gone.
+            raise OutputError(
+                f"{path} has {actual} bytes, but {self._progress} records {size} bytes "
+                "written and acknowledged to the server: output the slot will not send again "
+                f"is missing from {path}. Restore the file; to start afresh instead, remove "
+                "both files and re-create the slot (the missing changes are then not in it)"
+            )
+        return size
 
     def _position(self) -> int:
         try:

@@ -1,0 +1,72 @@
+"""FileOutput's FILE.progress, damaged for real on disk: what it records is checked against the
+file before anything is cut back, written or acknowledged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plugin_framework import LSN, FileOutput
+from plugin_framework.framework import OutputError
+from plugin_framework.framework.outputs import new_record
+
+
+def written(path: Path, lines: int) -> dict[str, object]:
+    """A file with ``lines`` records made durable at LSN 0/100+n; its progress as saved."""
+    out = FileOutput(path)
+    for n in range(lines):
+        out.write(new_record(LSN(0x100 + n), 700 + n, f"line {n}".encode()))
+        out.mark(LSN(0x100 + n))
+        out.flush()
+    out.close()
+    progress: dict[str, object] = json.loads(Path(f"{path}.progress").read_text())
+    return progress
+
+
+def test_a_file_is_resumed_and_cut_back_to_its_durable_size(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    progress = written(path, 3)
+    with path.open("ab") as f:
+        f.write(b"torn tail of a transaction cut short")
+    out = FileOutput(path)
+    out.close()
+    assert out.resume_lsn == LSN(0x102)
+    assert path.stat().st_size == progress["size"]
+    assert path.read_bytes().splitlines() == [b"line 0", b"line 1", b"line 2"]
+
+
+def test_a_file_shorter_than_its_progress_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    progress = written(path, 3)
+    size = int(progress["size"])  # type: ignore[call-overload]
+    with path.open("r+b") as f:
+        f.truncate(size - 7)  # the last line lost after it was acknowledged
+    with pytest.raises(OutputError) as info:
+        FileOutput(path)
+    message = str(info.value)
+    assert f"{path} has {size - 7} bytes" in message
+    assert f"records {size} bytes" in message
+    assert "re-create the slot" in message
+    assert path.stat().st_size == size - 7  # neither cut nor extended
+    assert json.loads(Path(f"{path}.progress").read_text()) == progress
+
+
+def test_a_missing_file_with_progress_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "out"
+    written(path, 2)
+    path.unlink()
+    with pytest.raises(OutputError, match="has 0 bytes"):
+        FileOutput(path)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("size", [-1, "12", 1.5, True, None])
+def test_a_recorded_size_that_is_no_byte_count_is_damage(tmp_path: Path, size: object) -> None:
+    path = tmp_path / "out"
+    progress = written(path, 1)
+    Path(f"{path}.progress").write_text(json.dumps({**progress, "size": size}))
+    with pytest.raises(OutputError, match=r"is damaged \(the recorded size .* is not a byte "
+                                          r"count\); remove it"):
+        FileOutput(path)
