@@ -25,7 +25,16 @@ from plugin_framework.framework.model import (
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.txn import PipelineError, TxnState
 from plugin_framework.framework.spool import SpoolBudget
-from plugin_framework.protocol import LSN, Decoder, Delete, Insert, Truncate, Update
+from plugin_framework.protocol import (
+    LSN,
+    CommitPrepared,
+    Decoder,
+    Delete,
+    Insert,
+    StreamCommit,
+    Truncate,
+    Update,
+)
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024  # logical_decoding_work_mem's default
 INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
@@ -73,6 +82,13 @@ class ReorderBufferState:
         view = state.views.get(i)
         if view is None:
             view = state.views[i] = replace(state.base)
+        return view
+
+    def _committed_view(self, state: TxnState, i: int,
+                        m: StreamCommit | CommitPrepared) -> Transaction:
+        """Member i's view, with the positions and time of the commit that ends it."""
+        view = self._view(state, i)
+        view.final_lsn, view.end_lsn, view.commit_time = m.commit_lsn, m.end_lsn, m.commit_time
         return view
 
     def _savepoint(self, state: TxnState, i: int) -> None:

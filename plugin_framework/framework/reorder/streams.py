@@ -124,9 +124,7 @@ class Streams(Acknowledgement, Replay):
                                      None)
         self._drop_delivered(state, m.commit_lsn)
         for i in state.live:
-            view = self._view(state, i)
-            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
-                                                               m.commit_time)
+            view = self._committed_view(state, i, m)
             self.members[i].call("stream_commit", m.end_lsn, m.xid, view, m.commit_lsn)
         if state.held:
             self._replay(state, state.held, replace(base, is_streamed=False), m.commit_lsn,

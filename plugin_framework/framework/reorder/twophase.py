@@ -45,14 +45,10 @@ class TwoPhase(Transactions, Replay):
         self._drop_delivered(state, m.commit_lsn)
         # As ReorderBufferFinishPrepared does, final_lsn becomes the COMMIT PREPARED's LSN.
         for i in state.live:
-            view = self._view(state, i)
-            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
-                                                               m.commit_time)
+            view = self._committed_view(state, i, m)
             self.members[i].call("commit_prepared", m.end_lsn, base.xid, view, m.commit_lsn)
         for i in state.streamed_held:
-            view = self._view(state, i)
-            view.final_lsn, view.end_lsn, view.commit_time = (m.commit_lsn, m.end_lsn,
-                                                               m.commit_time)
+            view = self._committed_view(state, i, m)
             self.members[i].call("stream_commit", m.end_lsn, base.xid, view, m.commit_lsn)
         if state.held:
             ordinary = replace(base, final_lsn=m.commit_lsn, is_prepared=False)
