@@ -137,7 +137,7 @@ class Compiler:
         compiled = [self.compile(a) for a in args]
         # The planner replaces a strict function with a NULL argument by NULL, without
         # evaluating the other arguments (simplify_function).
-        if any(getattr(c, "constant", False) and c(_no_columns) is None for c in compiled):
+        if any(_is_null_const(c) for c in compiled):
             return _const(None)
         return self._call(fn, compiled)
 
@@ -168,7 +168,7 @@ class Compiler:
         a, b = (self.compile(x) for x in node.args)
         # The planner replaces NULLIF with a NULL constant argument by its first argument,
         # without evaluating the other one (eval_const_expressions: they cannot be equal).
-        if any(getattr(c, "constant", False) and c(_no_columns) is None for c in (a, b)):
+        if _is_null_const(a) or _is_null_const(b):
             return a
 
         def nullif(g: Getter) -> Any:
@@ -367,6 +367,11 @@ def _const(value: Any) -> Compiled:
         return value
     constant.constant = True  # type: ignore[attr-defined]
     return constant
+
+
+def _is_null_const(compiled: Compiled) -> bool:
+    """A constant NULL: what the planner folds strict functions and NULLIF around."""
+    return getattr(compiled, "constant", False) and compiled(_no_columns) is None
 
 
 def _no_columns(i: int) -> Any:
