@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -475,3 +476,47 @@ def test_unsupported_protocol_version_through_the_api(db: Any) -> None:
                                                 proto_version=highest + 1), pipeline)
         with pytest.raises(SourceError, match=f"up to version {highest}, not {highest + 1}"):
             run(source)
+
+
+# --- #14, item 12: a long replay from the spool keeps the connection alive -----------------------
+
+REPLICATION_TIMEOUT_LOG = "terminating walsender process due to replication timeout"
+
+
+class SlowProbe(Probe):
+    """A plugin that takes its time over every row (the fault injected): a transaction the
+    pipeline replays to it from the spool takes several times wal_sender_timeout."""
+
+    name = "probe-slow"
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        time.sleep(0.004)
+        super().change(ctx, txn, relation, change)
+
+
+def test_a_replay_longer_than_wal_sender_timeout_keeps_the_connection(db: Any) -> None:
+    """A streamed transaction held for a plugin without stream callbacks is replayed at its
+    Stream Commit; with wal_sender_timeout = 2 s and a replay of about 5 s, the server keeps
+    the connection (the source answers during the replay) and sends nothing twice."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_slow"
+    create_slot(db.conninfo, slot)
+    rows = 1200
+    query(db.conninfo, "INSERT INTO t1 SELECT g, repeat('x', 100), g "
+                       "FROM generate_series(1, %s) g", (rows,))
+    end = current_lsn(db.conninfo)
+    conninfo = (f"{db.conninfo} options='-c wal_sender_timeout=2s "
+                "-c logical_decoding_work_mem=64kB'")
+    pipeline, (out,) = probe_pipeline(SlowProbe())
+    source = WalsenderSource(SourceConfig(conninfo, slot, ["p1"], endpos=end, reconnect=False),
+                             pipeline)
+    log_path = db.cluster.log_path
+    timeouts_before = log_path.read_text(errors="replace").count(REPLICATION_TIMEOUT_LOG)
+    run_within(source, 120)
+    lines = lines_of(out)
+    assert [ln["cb"] for ln in lines].count("begin") == 1
+    assert len([ln for ln in lines if ln["cb"] == "change"]) == rows
+    assert source.progress.reconnects == 0
+    assert log_path.read_text(errors="replace").count(REPLICATION_TIMEOUT_LOG) == timeouts_before
+    # The final acknowledgement reached the server: the connection was still there.
+    assert confirmed_flush(db.conninfo, slot) >= LSN(lines[-1]["end_lsn"])

@@ -72,6 +72,11 @@ class ReorderBufferState:
         # tables decide which relations of a TRUNCATE are delivered: the relations left, or
         # none (then no truncate callback runs).
         self.truncate_filter: Callable[[list[Relation]], list[Relation]] | None = None
+        # Called between the changes of a transaction replayed from its spool, where no new
+        # message is read for as long as the plugins take: the source answers the server
+        # there (a status update that acknowledges nothing new), so that a long replay does
+        # not look like a dead client to wal_sender_timeout. It must not feed the pipeline.
+        self.keepalive: Callable[[], None] | None = None
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
 
