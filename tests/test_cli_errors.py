@@ -11,6 +11,7 @@ import random
 import resource
 import struct
 import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +30,14 @@ from streamkit import (
     query,
     read_lines,
     run_cli,
+    slot_row,
+    start_cli,
+    stop_process,
     transactions,
+    wait_for,
 )
 
+from plugin_framework.cli.proctitle import masked_argv
 from plugin_framework.cluster import LocalCluster
 from plugin_framework.sources.capture import MAGIC, MAGIC_V1, CaptureFormatError, read_capture
 from plugin_framework.sources.errors import describe_conninfo, explain
@@ -193,6 +199,53 @@ def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[st
             assert "Check the user name and the password" in error
             assert "Wr0ngPw" not in result.stderr
 
+
+
+# --- 2a': the password in the process title (#14, item 14) -----------------------------------
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["stream", "-d", "postgresql://alice:Zq7%40x@db/app", "-S", "s"],
+     ["stream", "-d", "user=alice password=******** dbname=app host=db", "-S", "s"]),
+    (["x", "--dbname=host=db password='Zq7 x' dbname=app"],
+     ["x", "--dbname=password=******** dbname=app host=db"]),
+    (["x", "-dpostgresql:///app?password=Zq7x&host=db"],
+     ["x", "-dpassword=******** dbname=app host=db"]),
+    (["x", "-d", "postgresql://alice:Zq7@x@db/app"], ["x", "-d", "(connection string hidden)"]),
+    (["x", "-d", "host=db password=Zq7 x"], ["x", "-d", "(connection string hidden)"]),
+    (["x", "-d", "host=db dbname=app", "-S", "password"], None),
+])
+def test_masked_argv(argv: list[str], expected: list[str] | None) -> None:
+    assert masked_argv(argv) == expected
+
+
+def test_password_hidden_from_the_process_title(password_cluster: LocalCluster,
+                                                env: dict[str, str], tmp_path: Path) -> None:
+    """`pgdecode stream -d URI-with-password` against a server that asks for it: once
+    streaming, /proc/PID/cmdline (what ps shows every user) has the password masked, and
+    the process name is left as it was."""
+    cluster = password_cluster
+    query(cluster.conninfo(), "CREATE TABLE IF NOT EXISTS pw_t (id int PRIMARY KEY)")
+    query(cluster.conninfo(), "CREATE PUBLICATION pw_p FOR TABLE pw_t")
+    slot = "pw_slot"
+    conninfo = f"postgresql://alice:Right0ne@127.0.0.1:{cluster.port}/postgres"
+    proc = start_cli(["stream", "-d", conninfo, "-S", slot, "--create-slot", "--publication",
+                      "pw_p", "-f", str(tmp_path / "out")], env=env,
+                     stderr_path=tmp_path / "stderr")
+    try:
+        wait_for(lambda: (slot_row(cluster.conninfo(), slot) or {}).get("active_pid")
+                 or proc.poll() is not None, what="streaming")
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+    finally:
+        stop_process(proc)
+        query(cluster.conninfo(), "SELECT pg_drop_replication_slot(%s)", (slot,))
+        query(cluster.conninfo(), "DROP PUBLICATION pw_p")
+    assert b"Right0ne" not in cmdline, cmdline
+    assert b"password=********" in cmdline and b"stream" in cmdline and b"pw_slot" in cmdline
+    assert comm == Path(sys.executable).name[:15]
+    assert "warning" not in (tmp_path / "stderr").read_text()
 
 # --- 2b: the capture's header ----------------------------------------------------------------
 
