@@ -28,11 +28,17 @@ from streamkit import (
     wait_for,
 )
 
+from emitters.text import TestDecodingEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.framework.outputs import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
-from plugin_framework.sources.session import SourceConfig, check_proto_version, pgoutput_options
+from plugin_framework.sources.session import (
+    SourceConfig,
+    check_proto_version,
+    only_local,
+    pgoutput_options,
+)
 from plugin_framework.sources.sql import SqlSource
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -520,3 +526,26 @@ def test_a_replay_longer_than_wal_sender_timeout_keeps_the_connection(db: Any) -
     assert log_path.read_text(errors="replace").count(REPLICATION_TIMEOUT_LOG) == timeouts_before
     # The final acknowledgement reached the server: the connection was still there.
     assert confirmed_flush(db.conninfo, slot) >= LSN(lines[-1]["end_lsn"])
+
+
+# --- #14, item 4: origin 'none' when every plugin filters all origins ----------------------------
+
+
+def test_origin_none_asked_when_every_plugin_filters_all_origins() -> None:
+    def pipeline_of(*only: str) -> Pipeline:
+        pipeline = Pipeline()
+        for value in only:
+            pipeline.add(TestDecodingEmitter(), options={"only-local": value},
+                         output=MemoryOutput())
+        pipeline.startup()
+        return pipeline
+
+    assert only_local(pipeline_of("1", "1"))
+    assert not only_local(pipeline_of("1", "0"))  # one plugin keeps origins: the server may not
+    assert not only_local(pipeline_of())
+    assert pgoutput_options(config(), 4, False, 160000, local_only=True)["origin"] == "none"
+    assert "origin" not in pgoutput_options(config(), 3, False, 150000, local_only=True)
+    assert "origin" not in pgoutput_options(config(), 4, False, 180000, local_only=False)
+    # --origin given wins
+    assert pgoutput_options(config(origin="any"), 4, False, 160000,
+                            local_only=True)["origin"] == "any"

@@ -49,6 +49,7 @@ from plugin_framework.sources.session import (
     check_proto_version,
     missing_publication,
     missing_publication_error,
+    only_local,
     pgoutput_options,
     run_with_reconnect,
     start_pipeline,
@@ -140,7 +141,8 @@ class WalsenderSource:
             # would turn it on for good (PostgreSQL 15 and later).
             two_phase = (proto >= 3 and self._slot_two_phase
                          and any(m.ctx.twophase for m in self.pipeline.members))
-        self.options = pgoutput_options(cfg, proto, two_phase, server_version)
+        self.options = pgoutput_options(cfg, proto, two_phase, server_version,
+                                        local_only=only_local(self.pipeline))
         self.progress.connected = True
 
     def _check_server(self, repl: ReplicationStream, server_version: int) -> None:

@@ -110,16 +110,17 @@ class ReorderBufferState:
             state.spool = None
 
     def _origin_filtered(self, state: TxnState) -> list[int]:
-        """The members whose filter_by_origin skips this transaction."""
+        """The members that skip this transaction: those that filter every origin
+        (ctx.filter_all_origins), and those whose filter_by_origin says so."""
         origin = state.base.origin
         if not origin:
             return []
         skipped = []
         for i, m in enumerate(self.members):
-            if m.plugin.has("filter_by_origin") and m.call(
+            if m.ctx.filter_all_origins or (m.plugin.has("filter_by_origin") and m.call(
                 "filter_by_origin", state.base.final_lsn or LSN(0), state.base.xid, origin,
                 writes=False,
-            ):
+            )):
                 skipped.append(i)
         return skipped
 
