@@ -7,9 +7,12 @@ involved."""
 from __future__ import annotations
 
 import json
+import random
 import resource
 import struct
 import subprocess
+import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,16 @@ from streamkit import (
     query,
     read_lines,
     run_cli,
+    slot_row,
+    start_cli,
+    stop_process,
     transactions,
+    wait_for,
 )
 
+from plugin_framework.cli.proctitle import masked_argv
 from plugin_framework.cluster import LocalCluster
-from plugin_framework.sources.capture import MAGIC
+from plugin_framework.sources.capture import MAGIC, MAGIC_V1, CaptureFormatError, read_capture
 from plugin_framework.sources.errors import describe_conninfo, explain
 
 # Slow: each test runs the pgdecode command in a new process.
@@ -46,8 +54,10 @@ def error_of(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr[result.stderr.index("pgdecode: error: "):]
 
 
-def write_capture(path: Path, header: Any, frames: bytes = b"") -> Path:
-    path.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + frames)
+def write_capture(path: Path, header: Any) -> Path:
+    """A capture of the current format that holds only a header (and its checksum)."""
+    line = json.dumps(header).encode() + b"\n"
+    path.write_bytes(MAGIC + line + struct.pack(">I", zlib.crc32(line)))
     return path
 
 
@@ -190,6 +200,53 @@ def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[st
             assert "Wr0ngPw" not in result.stderr
 
 
+
+# --- 2a': the password in the process title (#14, item 14) -----------------------------------
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["stream", "-d", "postgresql://alice:Zq7%40x@db/app", "-S", "s"],
+     ["stream", "-d", "user=alice password=******** dbname=app host=db", "-S", "s"]),
+    (["x", "--dbname=host=db password='Zq7 x' dbname=app"],
+     ["x", "--dbname=password=******** dbname=app host=db"]),
+    (["x", "-dpostgresql:///app?password=Zq7x&host=db"],
+     ["x", "-dpassword=******** dbname=app host=db"]),
+    (["x", "-d", "postgresql://alice:Zq7@x@db/app"], ["x", "-d", "(connection string hidden)"]),
+    (["x", "-d", "host=db password=Zq7 x"], ["x", "-d", "(connection string hidden)"]),
+    (["x", "-d", "host=db dbname=app", "-S", "password"], None),
+])
+def test_masked_argv(argv: list[str], expected: list[str] | None) -> None:
+    assert masked_argv(argv) == expected
+
+
+def test_password_hidden_from_the_process_title(password_cluster: LocalCluster,
+                                                env: dict[str, str], tmp_path: Path) -> None:
+    """`pgdecode stream -d URI-with-password` against a server that asks for it: once
+    streaming, /proc/PID/cmdline (what ps shows every user) has the password masked, and
+    the process name is left as it was."""
+    cluster = password_cluster
+    query(cluster.conninfo(), "CREATE TABLE IF NOT EXISTS pw_t (id int PRIMARY KEY)")
+    query(cluster.conninfo(), "CREATE PUBLICATION pw_p FOR TABLE pw_t")
+    slot = "pw_slot"
+    conninfo = f"postgresql://alice:Right0ne@127.0.0.1:{cluster.port}/postgres"
+    proc = start_cli(["stream", "-d", conninfo, "-S", slot, "--create-slot", "--publication",
+                      "pw_p", "-f", str(tmp_path / "out")], env=env,
+                     stderr_path=tmp_path / "stderr")
+    try:
+        wait_for(lambda: (slot_row(cluster.conninfo(), slot) or {}).get("active_pid")
+                 or proc.poll() is not None, what="streaming")
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+    finally:
+        stop_process(proc)
+        query(cluster.conninfo(), "SELECT pg_drop_replication_slot(%s)", (slot,))
+        query(cluster.conninfo(), "DROP PUBLICATION pw_p")
+    assert b"Right0ne" not in cmdline, cmdline
+    assert b"password=********" in cmdline and b"stream" in cmdline and b"pw_slot" in cmdline
+    assert comm == Path(sys.executable).name[:15]
+    assert "warning" not in (tmp_path / "stderr").read_text()
+
 # --- 2b: the capture's header ----------------------------------------------------------------
 
 
@@ -288,15 +345,18 @@ def captured(pg_module_db: TestDatabase, probes: Path,
     return Captured(db, files["whole"], files["head"], slots[2], end)
 
 
+FRAME_HEAD = 8  # a frame's length and checksum, before its payload (format version 2)
+
+
 def frames(path: Path) -> list[tuple[int, bytes]]:
     """(offset, payload) of every frame of a capture."""
     data = path.read_bytes()
-    offset = data.index(b"\n", len(MAGIC)) + 1
+    offset = data.index(b"\n", len(MAGIC)) + 1 + 4  # the header line and its checksum
     found = []
     while offset < len(data):
         (length,) = struct.unpack_from(">I", data, offset)
-        found.append((offset, data[offset + 4:offset + 4 + length]))
-        offset += 4 + length
+        found.append((offset, data[offset + FRAME_HEAD:offset + FRAME_HEAD + length]))
+        offset += FRAME_HEAD + length
     return found
 
 
@@ -344,7 +404,8 @@ def test_truncated_capture_replays_whole_transactions(captured: Captured, env: d
     else:  # a row of the last transaction that is no pgoutput message
         offset = [off for off, payload in frames(captured.whole)
                   if pgoutput_tag(payload) == b"I"][-1]
-        bad.write_bytes(data[:offset + 4 + 25] + b"Z" + data[offset + 4 + 26:])
+        bad.write_bytes(data[:offset + FRAME_HEAD + 25] + b"Z"
+                        + data[offset + FRAME_HEAD + 26:])
     for options in ([], ["--column-list", "public.t:id,v"]):  # checked as far as it goes
         out = tmp_path / f"out{len(options)}"
         result = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out), *options],
@@ -367,6 +428,85 @@ def test_truncated_capture_replays_whole_transactions(captured: Captured, env: d
     assert to_stdout.returncode == 1
     assert "the transaction it cuts short was partly written to stdout" in error_of(to_stdout)
 
+
+
+# --- 3b: checksums (#14, item 13) ------------------------------------------------------------
+
+
+def read_all(path: Path) -> int:
+    """Read a capture through, as a replay does; the number of frames."""
+    _, messages = read_capture(path)
+    return sum(1 for _ in messages)
+
+
+def flipped(data: bytes, bit: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[bit // 8] ^= 1 << (bit % 8)
+    return bytes(damaged)
+
+
+def test_every_bit_flip_of_a_capture_is_refused(captured: Captured, tmp_path: Path) -> None:
+    """Every bit of the header and the first frames (a Begin, a Relation, rows), and a sample
+    of bits all over the rest: each flip is refused by the reader, naming what is damaged,
+    never read as another stream."""
+    data = captured.head.read_bytes()
+    read_all(captured.head)  # the capture as written reads through
+    rng = random.Random(14)
+    bits = [*range(min(len(data), 2048) * 8), *rng.sample(range(len(data) * 8), 1500)]
+    bad = tmp_path / "bad.cap"
+    for bit in bits:
+        bad.write_bytes(flipped(data, bit))
+        with pytest.raises(CaptureFormatError) as caught:
+            read_all(bad)
+        message = str(caught.value)
+        assert any(says in message for says in (
+            "bad capture header", "is not a pgdecode capture", "format version",
+            "damaged frame", "truncated frame")), (bit, message)
+
+
+def test_a_damaged_frame_fails_the_replay_naming_it(captured: Captured, env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """A bit flipped in the value of a row (the flip a decoder cannot see: the text is still
+    text) fails the replay with the frame and its offset, exit status 1."""
+    offset, payload = [(off, p) for off, p in frames(captured.head)
+                       if pgoutput_tag(p) == b"I"][5]
+    data = captured.head.read_bytes()
+    where = offset + FRAME_HEAD + len(payload) - 2  # in the last column's text
+    assert data[where:where + 1] == b"m"
+    bad = tmp_path / "bad.cap"
+    bad.write_bytes(data[:where] + b"n" + data[where + 1:])
+    number = [off for off, _ in frames(captured.head)].index(offset) + 1
+    out = tmp_path / "out"
+    result = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out)], env=env)
+    assert result.returncode == 1
+    assert (f"(damaged frame {number} at byte {offset}: its checksum does not match"
+            in error_of(result)), result.stderr
+
+
+def test_captures_of_format_version_1_still_replay(captured: Captured, env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    """A capture written before checksums (format version 1: no header checksum, frames of
+    a length and a payload) replays as it did."""
+    data = captured.head.read_bytes()
+    header_end = data.index(b"\n", len(MAGIC)) + 1
+    old = bytearray(MAGIC_V1 + data[len(MAGIC):header_end])
+    for _, payload in frames(captured.head):
+        old += struct.pack(">I", len(payload)) + payload
+    v1 = tmp_path / "v1.cap"
+    v1.write_bytes(bytes(old))
+    outputs = []
+    for capture in (captured.head, v1):
+        out = tmp_path / f"{capture.name}.out"
+        result = run_cli(["replay", str(capture), "--emitter", "probe", "-f", str(out)],
+                         env=env)
+        assert result.returncode == 0, result.stderr
+        outputs.append(out.read_text())
+    assert outputs[0] == outputs[1] and outputs[0]
+    future = tmp_path / "v3.cap"
+    future.write_bytes(b"PGDECODE-CAPTURE 3\n" + data[len(MAGIC):])
+    result = run_cli(["replay", str(future), "--emitter", "probe"], env=env)
+    assert result.returncode == 1
+    assert "format version 3, which this pgdecode does not read" in error_of(result)
 
 # --- 7: output files -------------------------------------------------------------------------
 

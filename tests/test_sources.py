@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,17 @@ from streamkit import (
     wait_for,
 )
 
+from emitters.text import TestDecodingEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.framework.outputs import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
-from plugin_framework.sources.session import SourceConfig, check_proto_version, pgoutput_options
+from plugin_framework.sources.session import (
+    SourceConfig,
+    check_proto_version,
+    only_local,
+    pgoutput_options,
+)
 from plugin_framework.sources.sql import SqlSource
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -475,3 +482,70 @@ def test_unsupported_protocol_version_through_the_api(db: Any) -> None:
                                                 proto_version=highest + 1), pipeline)
         with pytest.raises(SourceError, match=f"up to version {highest}, not {highest + 1}"):
             run(source)
+
+
+# --- #14, item 12: a long replay from the spool keeps the connection alive -----------------------
+
+REPLICATION_TIMEOUT_LOG = "terminating walsender process due to replication timeout"
+
+
+class SlowProbe(Probe):
+    """A plugin that takes its time over every row (the fault injected): a transaction the
+    pipeline replays to it from the spool takes several times wal_sender_timeout."""
+
+    name = "probe-slow"
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        time.sleep(0.004)
+        super().change(ctx, txn, relation, change)
+
+
+def test_a_replay_longer_than_wal_sender_timeout_keeps_the_connection(db: Any) -> None:
+    """A streamed transaction held for a plugin without stream callbacks is replayed at its
+    Stream Commit; with wal_sender_timeout = 2 s and a replay of about 5 s, the server keeps
+    the connection (the source answers during the replay) and sends nothing twice."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_slow"
+    create_slot(db.conninfo, slot)
+    rows = 1200
+    query(db.conninfo, "INSERT INTO t1 SELECT g, repeat('x', 100), g "
+                       "FROM generate_series(1, %s) g", (rows,))
+    end = current_lsn(db.conninfo)
+    conninfo = (f"{db.conninfo} options='-c wal_sender_timeout=2s "
+                "-c logical_decoding_work_mem=64kB'")
+    pipeline, (out,) = probe_pipeline(SlowProbe())
+    source = WalsenderSource(SourceConfig(conninfo, slot, ["p1"], endpos=end, reconnect=False),
+                             pipeline)
+    log_path = db.cluster.log_path
+    timeouts_before = log_path.read_text(errors="replace").count(REPLICATION_TIMEOUT_LOG)
+    run_within(source, 120)
+    lines = lines_of(out)
+    assert [ln["cb"] for ln in lines].count("begin") == 1
+    assert len([ln for ln in lines if ln["cb"] == "change"]) == rows
+    assert source.progress.reconnects == 0
+    assert log_path.read_text(errors="replace").count(REPLICATION_TIMEOUT_LOG) == timeouts_before
+    # The final acknowledgement reached the server: the connection was still there.
+    assert confirmed_flush(db.conninfo, slot) >= LSN(lines[-1]["end_lsn"])
+
+
+# --- #14, item 4: origin 'none' when every plugin filters all origins ----------------------------
+
+
+def test_origin_none_asked_when_every_plugin_filters_all_origins() -> None:
+    def pipeline_of(*only: str) -> Pipeline:
+        pipeline = Pipeline()
+        for value in only:
+            pipeline.add(TestDecodingEmitter(), options={"only-local": value},
+                         output=MemoryOutput())
+        pipeline.startup()
+        return pipeline
+
+    assert only_local(pipeline_of("1", "1"))
+    assert not only_local(pipeline_of("1", "0"))  # one plugin keeps origins: the server may not
+    assert not only_local(pipeline_of())
+    assert pgoutput_options(config(), 4, False, 160000, local_only=True)["origin"] == "none"
+    assert "origin" not in pgoutput_options(config(), 3, False, 150000, local_only=True)
+    assert "origin" not in pgoutput_options(config(), 4, False, 180000, local_only=False)
+    # --origin given wins
+    assert pgoutput_options(config(origin="any"), 4, False, 160000,
+                            local_only=True)["origin"] == "any"

@@ -86,6 +86,7 @@ class TestDecodingEmitter(OutputPlugin):
         options.output_type = OutputType.BINARY if values["force-binary"] else OutputType.TEXTUAL
         options.receive_rewrites = values["include-rewrites"]
         ctx.streaming = ctx.streaming and values["stream-changes"]
+        ctx.filter_all_origins = values["only-local"]  # filter_by_origin's answer, for all
 
     def shutdown(self, ctx: Any) -> None:
         ctx.output_plugin_private = None

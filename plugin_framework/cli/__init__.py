@@ -14,11 +14,16 @@ from collections.abc import Sequence
 from plugin_framework.cli.commands import COMMANDS
 from plugin_framework.cli.errors import UsageError, exit_status, report_usage
 from plugin_framework.cli.parser import build_parser, check_dbname
+from plugin_framework.cli.proctitle import hide_password
 
 __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command; ``argv`` None: this process's own command line, whose passwords are
+    then masked in the process title (see proctitle)."""
+    if argv is None:
+        hide_password()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

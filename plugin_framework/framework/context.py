@@ -57,6 +57,12 @@ class LogicalDecodingContext:
     accept_writes: bool = False
     streaming: bool = False  # receives streamed blocks; startup may clear it
     twophase: bool = False  # receives prepared transactions at PREPARE; startup may clear it
+    # Set in startup: skip everything replayed from any replication origin (test_decoding's
+    # only-local), without asking filter_by_origin. When every plugin of a pipeline sets
+    # it, a source asks the server to send only local changes (PostgreSQL 16+, origin
+    # 'none'), which also leaves out non-transactional messages from an origin: pgoutput
+    # does not say a non-transactional message's origin, so nothing else can.
+    filter_all_origins: bool = False
     _prepared: bool = False
 
     def prepare_write(self, last_write: bool = True) -> None:

@@ -1,17 +1,25 @@
 """The capture format: a replication stream recorded to a file, to replay without a server.
 
-Layout (all integers big-endian):
+Layout of version 2, what is written (all integers big-endian):
 
-    PGDECODE-CAPTURE 1\n
+    PGDECODE-CAPTURE 2\n
     <one line of JSON: proto_version, options, server_version, slot, created>\n
-    then, repeated: uint32 length, and that many bytes of one CopyData payload exactly as
-    the server sent it ('w' XLogData or 'k' keepalive).
+    uint32 CRC-32 of that line (its newline included)
+    then, repeated: uint32 length, uint32 CRC-32 of the length's 4 bytes and the payload,
+    and that many bytes of one CopyData payload exactly as the server sent it ('w' XLogData
+    or 'k' keepalive).
+
+A CRC-32 catches every single-bit flip and every burst up to 32 bits: a damaged header or
+frame is refused, naming the frame and its offset, instead of replaying a different stream.
+Version 1 (``PGDECODE-CAPTURE 1``) is the same without the CRCs; it is still read, and its
+damage can go unnoticed.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,8 +36,11 @@ from plugin_framework.protocol import (
     decode_copy_data,
 )
 
-MAGIC = b"PGDECODE-CAPTURE 1\n"
+MAGIC_V1 = b"PGDECODE-CAPTURE 1\n"  # no checksums: read, never written
+MAGIC = MAGIC_V2 = b"PGDECODE-CAPTURE 2\n"
 _LEN = struct.Struct(">I")
+_LEN_CRC = struct.Struct(">II")
+_crc32 = zlib.crc32
 
 
 class CaptureFormatError(ValueError):
@@ -52,11 +63,12 @@ class CaptureWriter:
         self._file: IO[bytes] = (
             open(target, "wb")  # noqa: SIM115  (closed in close())
             if isinstance(target, str | Path) else target)
-        self._file.write(MAGIC)
-        self._file.write(json.dumps(asdict(header), sort_keys=True).encode() + b"\n")
+        line = json.dumps(asdict(header), sort_keys=True).encode() + b"\n"
+        self._file.write(MAGIC + line + _LEN.pack(_crc32(line)))
 
     def write(self, copy_data: bytes) -> None:
-        self._file.write(_LEN.pack(len(copy_data)))
+        length = _LEN.pack(len(copy_data))
+        self._file.write(_LEN_CRC.pack(len(copy_data), _crc32(copy_data, _crc32(length))))
         self._file.write(copy_data)
 
     def flush(self) -> None:
@@ -108,11 +120,28 @@ def parse_header(raw: Any) -> CaptureHeader:
     return CaptureHeader(**raw)
 
 
-def _read_header(f: IO[bytes], path: str | Path) -> CaptureHeader:
-    if f.read(len(MAGIC)) != MAGIC:
+def _read_header(f: IO[bytes], path: str | Path) -> tuple[CaptureHeader, int]:
+    """The header, and the capture's format version."""
+    magic = f.read(len(MAGIC))
+    if magic == MAGIC_V2:
+        version = 2
+    elif magic == MAGIC_V1:
+        version = 1
+    elif magic[:-2] == MAGIC[:-2] and magic[-2:-1].isdigit() and magic[-1:] == b"\n":
+        raise CaptureFormatError(
+            f"{path} is a pgdecode capture of format version {magic[-2:-1].decode()}, which "
+            "this pgdecode does not read (it reads versions 1 and 2): use a newer pgdecode")
+    else:
         raise CaptureFormatError(f"{path} is not a pgdecode capture (no {MAGIC!r} header)")
+    line = f.readline()
+    if version >= 2:
+        stored = f.read(_LEN.size)
+        if len(stored) < _LEN.size or _LEN.unpack(stored)[0] != _crc32(line):
+            raise CaptureFormatError(
+                f"{path}: bad capture header: its checksum does not match (the file was "
+                "damaged or changed after it was written)")
     try:
-        return parse_header(json.loads(f.readline()))
+        return parse_header(json.loads(line)), version
     except (ValueError, TypeError) as exc:  # CaptureFormatError, JSON or UTF-8 errors
         raise CaptureFormatError(f"{path}: bad capture header: {exc}") from None
 
@@ -120,35 +149,43 @@ def _read_header(f: IO[bytes], path: str | Path) -> CaptureHeader:
 def read_header(path: str | Path) -> CaptureHeader:
     """The header of a capture, checked (CaptureFormatError): before anything is replayed."""
     with open(path, "rb") as f:
-        return _read_header(f, path)
+        return _read_header(f, path)[0]
 
 
 def read_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[XLogData | PrimaryKeepalive]]:
     """The header, and an iterator over the recorded messages."""
     f = open(path, "rb")  # noqa: SIM115  (closed by the iterator)
     try:
-        header = _read_header(f, path)
+        header, version = _read_header(f, path)
     except BaseException:
         f.close()
         raise
+    head_size = _LEN_CRC.size if version >= 2 else _LEN.size
 
     def frames() -> Iterator[XLogData | PrimaryKeepalive]:
         with f:
             offset = f.tell()
-            while head := f.read(_LEN.size):
-                if len(head) < _LEN.size:
-                    raise CaptureFormatError(f"{path}: truncated frame header at byte {offset}")
-                (length,) = _LEN.unpack(head)
+            number = 1
+            while head := f.read(head_size):
+                where = f"frame {number} at byte {offset}"
+                if len(head) < head_size:
+                    raise CaptureFormatError(f"{path}: truncated frame header ({where})")
+                (length,) = _LEN.unpack_from(head)
                 payload = f.read(length)
                 if len(payload) < length:
-                    raise CaptureFormatError(f"{path}: truncated frame at byte {offset}")
+                    raise CaptureFormatError(f"{path}: truncated frame ({where})")
+                if version >= 2 and _LEN.unpack_from(head, 4)[0] != _crc32(
+                        payload, _crc32(head[:4])):
+                    raise CaptureFormatError(
+                        f"{path}: damaged {where}: its checksum does not match (the file was "
+                        "damaged or changed after it was written)")
                 try:
                     message = decode_copy_data(payload)
                 except ProtocolError as exc:
-                    raise CaptureFormatError(
-                        f"{path}: damaged frame at byte {offset}: {exc}") from None
+                    raise CaptureFormatError(f"{path}: damaged {where}: {exc}") from None
                 yield message
-                offset += _LEN.size + length
+                offset += head_size + length
+                number += 1
 
     return header, frames()
 

@@ -10,7 +10,7 @@ import re
 from urllib.parse import unquote
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from plugin_framework.sources.replication import ReplicationError
 
@@ -118,6 +118,22 @@ def _redact(text: str, conninfo: str) -> str:
     return re.sub(r"""(["'])([^"']+)\1""",
                   lambda m: f"{m.group(1)}...{m.group(1)}" if m.group(2) in conninfo
                   else m.group(0), text)
+
+
+def conninfo_without_password(conninfo: str) -> str | None:
+    """``conninfo`` with its password masked, to show where the string itself is shown (a
+    process title); None when it holds no password. A string libpq reads is written back as
+    key=value pairs (a URI's percent-encoding and query string make masking it in place
+    unreliable); one it cannot read is hidden whole."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "(connection string hidden)" if _password_candidates(conninfo) else None
+    if _misread(conninfo):
+        return "(connection string hidden)"
+    if not params.get("password"):
+        return None
+    return make_conninfo("", **{**params, "password": "********"})
 
 
 def describe_conninfo(conninfo: str) -> str:

@@ -107,8 +107,18 @@ class Progress:
     reconnects: int = 0
 
 
+def only_local(pipeline: Pipeline) -> bool:
+    """Whether every plugin skips all changes from a replication origin
+    (ctx.filter_all_origins): then the server may filter them (pgoutput_options)."""
+    return bool(pipeline.members) and all(m.ctx.filter_all_origins for m in pipeline.members)
+
+
 def pgoutput_options(config: SourceConfig, proto_version: int, two_phase: bool,
-                     server_version: int) -> dict[str, str]:
+                     server_version: int, *, local_only: bool = False) -> dict[str, str]:
+    """The START_REPLICATION (or pg_logical_slot_*_changes) options. ``local_only``: every
+    plugin filters all origins; on PostgreSQL 16 and later the server is asked to (origin
+    'none', unless --origin says otherwise), which is the only way to leave out a
+    non-transactional message from an origin: pgoutput does not say its origin."""
     if not config.publications:
         raise SourceError("at least one --publication is needed")
     opts = {
@@ -144,6 +154,8 @@ def pgoutput_options(config: SourceConfig, proto_version: int, two_phase: bool,
         if server_version < 160000:
             raise SourceError("the origin option needs PostgreSQL 16 or later")
         opts["origin"] = config.origin
+    elif local_only and server_version >= 160000:
+        opts["origin"] = "none"
     return opts
 
 

@@ -25,6 +25,7 @@ from plugin_framework.sources.session import (
     check_proto_version,
     missing_publication,
     missing_publication_error,
+    only_local,
     pgoutput_options,
     run_with_reconnect,
     start_pipeline,
@@ -105,7 +106,8 @@ class SqlSource:
         two_phase = cfg.two_phase
         if two_phase is None:
             two_phase = any(m.ctx.twophase for m in self.pipeline.members)
-        options = pgoutput_options(cfg, proto, two_phase=False, server_version=server_version)
+        options = pgoutput_options(cfg, proto, two_phase=False, server_version=server_version,
+                                   local_only=only_local(self.pipeline))
         if cfg.streaming == "parallel":
             options["streaming"] = "on"  # the SQL interface has no parallel apply to feed
         flat = [x for kv in options.items() for x in kv]

@@ -7,6 +7,10 @@ Acknowledgement rules:
 - When nothing is in flight, it advances to the WAL position of the server's last keepalive,
   so that an idle slot (or one whose changes are all filtered out) does not hold WAL back.
 - Status updates go every ``status_interval`` seconds, when the server asks, and at the end.
+- While the pipeline replays a held transaction from its spool (which can take minutes, and
+  reads nothing meanwhile), status updates that acknowledge nothing new keep going, often
+  enough for the server's ``wal_sender_timeout``: the server would otherwise drop the
+  connection as dead and send the transaction again, on every attempt.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from plugin_framework.sources.session import (
     check_proto_version,
     missing_publication,
     missing_publication_error,
+    only_local,
     pgoutput_options,
     run_with_reconnect,
     start_pipeline,
@@ -79,6 +84,7 @@ class WalsenderSource:
         self._last_status = 0.0
         self._walsender_pid: int | None = None  # of our last connection: its slot use is ours
         self._slot_two_phase = False
+        self._alive_interval = 1.0  # status updates at least this often during a replay
 
     def request_stop(self) -> None:
         """Finish the transaction being delivered, acknowledge, and return from run()."""
@@ -128,13 +134,15 @@ class WalsenderSource:
         self._proto = proto
         self.server_version = server_version
         self._walsender_pid = repl.conn.info.backend_pid
+        self._alive_interval = self._keepalive_interval(repl)
         two_phase = cfg.two_phase
         if two_phase is None:
             # Only where the slot decodes two-phase already: asking for it on another slot
             # would turn it on for good (PostgreSQL 15 and later).
             two_phase = (proto >= 3 and self._slot_two_phase
                          and any(m.ctx.twophase for m in self.pipeline.members))
-        self.options = pgoutput_options(cfg, proto, two_phase, server_version)
+        self.options = pgoutput_options(cfg, proto, two_phase, server_version,
+                                        local_only=only_local(self.pipeline))
         self.progress.connected = True
 
     def _check_server(self, repl: ReplicationStream, server_version: int) -> None:
@@ -144,6 +152,22 @@ class WalsenderSource:
         missing = missing_publication(repl.conn, self.config.publications)
         if missing is not None:
             raise missing_publication_error(missing, repl.conn.info.dbname)
+
+    def _keepalive_interval(self, repl: ReplicationStream) -> float:
+        """How often to answer the server while no message is read: a quarter of this
+        session's wal_sender_timeout (the server asks for a reply at half of it, and drops
+        the connection at all of it), never more than the status interval."""
+        interval = self.config.status_interval
+        try:
+            rows = repl.command(
+                "SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'")
+        except psycopg.Error as exc:
+            raise explain(exc, self.config.conninfo, self.config.slot,
+                          self.config.proto_version) from None
+        timeout_ms = rows[0][0] if rows else 0
+        if timeout_ms > 0:
+            interval = min(interval, timeout_ms / 4000)
+        return max(interval, 0.05)
 
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
@@ -203,6 +227,7 @@ class WalsenderSource:
             self.progress.acked = max(self.progress.acked, LSN(confirmed))
 
     def _close(self) -> None:
+        self.pipeline.keepalive = None
         if self._repl is not None:
             with contextlib.suppress(psycopg.Error):
                 self._repl.close()
@@ -231,6 +256,7 @@ class WalsenderSource:
         self._last_status = time.monotonic()
         pipeline = self.pipeline
         progress = self.progress
+        pipeline.keepalive = self._keepalive_during_replay
         try:
             stop = self._stop.is_set
             read_batch = repl.read_batch
@@ -303,6 +329,28 @@ class WalsenderSource:
         if message.reply_requested:
             self._send_status()
         return endpos is not None and message.wal_end >= endpos and pipeline.at_boundary
+
+    def _keepalive_during_replay(self) -> None:
+        """The pipeline's keepalive hook, called between the changes of a transaction it
+        replays: a status update every ``_alive_interval`` seconds. It reads nothing (new
+        XLogData would have to wait in memory) and acknowledges nothing new: what is being
+        replayed is not durable yet. The server takes any status update as a sign of life,
+        also while it waits to write to us."""
+        now = time.monotonic()
+        if now - self._last_status < self._alive_interval:
+            return
+        repl = self._repl
+        if repl is None:
+            return
+        progress = self.progress
+        try:
+            repl.send_status(max(progress.received, progress.acked), progress.acked,
+                             progress.acked)
+        except (ReplicationError, psycopg.Error) as exc:
+            # The connection is gone: the replay finishes, and the stream's next read finds
+            # the loss (nothing of this transaction is acknowledged; the server sends it again).
+            log.debug("a status update during a replay: %s", exc)
+        self._last_status = now
 
     def _send_status(self, final: bool = False) -> None:
         repl = self._repl

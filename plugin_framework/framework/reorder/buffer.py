@@ -72,6 +72,11 @@ class ReorderBufferState:
         # tables decide which relations of a TRUNCATE are delivered: the relations left, or
         # none (then no truncate callback runs).
         self.truncate_filter: Callable[[list[Relation]], list[Relation]] | None = None
+        # Called between the changes of a transaction replayed from its spool, where no new
+        # message is read for as long as the plugins take: the source answers the server
+        # there (a status update that acknowledges nothing new), so that a long replay does
+        # not look like a dead client to wal_sender_timeout. It must not feed the pipeline.
+        self.keepalive: Callable[[], None] | None = None
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
 
@@ -105,16 +110,17 @@ class ReorderBufferState:
             state.spool = None
 
     def _origin_filtered(self, state: TxnState) -> list[int]:
-        """The members whose filter_by_origin skips this transaction."""
+        """The members that skip this transaction: those that filter every origin
+        (ctx.filter_all_origins), and those whose filter_by_origin says so."""
         origin = state.base.origin
         if not origin:
             return []
         skipped = []
         for i, m in enumerate(self.members):
-            if m.plugin.has("filter_by_origin") and m.call(
+            if m.ctx.filter_all_origins or (m.plugin.has("filter_by_origin") and m.call(
                 "filter_by_origin", state.base.final_lsn or LSN(0), state.base.xid, origin,
                 writes=False,
-            ):
+            )):
                 skipped.append(i)
         return skipped
 

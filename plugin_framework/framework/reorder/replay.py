@@ -45,7 +45,10 @@ class Replay(ReorderBufferState):
                                                in state.replay_relations.items()
                                                if rel is not None})
             aborted = state.aborted_subxids
+            keepalive = self.keepalive
             for lsn, xid, in_stream, raw in spool:
+                if keepalive is not None:
+                    keepalive()
                 if xid and xid in aborted:
                     continue
                 decoder.in_stream = in_stream
