@@ -31,10 +31,27 @@ def test_a_file_is_resumed_and_cut_back_to_its_durable_size(tmp_path: Path) -> N
     with path.open("ab") as f:
         f.write(b"torn tail of a transaction cut short")
     out = FileOutput(path)
+    out.claim("s")  # first use, once the source has checked the slot
     out.close()
     assert out.resume_lsn == LSN(0x102)
     assert path.stat().st_size == progress["size"]
     assert path.read_bytes().splitlines() == [b"line 0", b"line 1", b"line 2"]
+
+
+def test_a_file_opened_but_never_used_is_left_as_it_was(tmp_path: Path) -> None:
+    """A run refused before streaming (the slot active elsewhere, say) opened the file but
+    must not have cut or recorded anything: that happens at first use."""
+    path = tmp_path / "out"
+    written(path, 3)
+    with path.open("ab") as f:
+        f.write(b"torn tail")
+    before, progress = path.read_bytes(), Path(f"{path}.progress").read_bytes()
+    FileOutput(path).close()
+    assert path.read_bytes() == before
+    assert Path(f"{path}.progress").read_bytes() == progress
+    fresh = tmp_path / "fresh"
+    FileOutput(fresh).close()
+    assert not Path(f"{fresh}.progress").exists()
 
 
 def test_a_file_shorter_than_its_progress_is_refused_untouched(tmp_path: Path) -> None:
