@@ -23,6 +23,7 @@ from streamkit import (
     query,
     read_lines,
     run_cli,
+    slot_row,
     start_cli,
     stop_process,
     table_ids,
@@ -119,6 +120,36 @@ def test_a_second_stream_with_the_same_file_is_refused_untouched(
     rerun = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env)
     assert rerun.returncode == 0, rerun.stderr
     check_complete(db.conninfo, out)
+
+
+def test_a_stream_refused_for_an_active_slot_leaves_the_file_untouched(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """The slot is checked before the file is repaired: a run refused because another
+    consumer reads the slot must not cut the file's torn tail (it is that consumer's
+    business, or the next run's)."""
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_active"
+    create_slot(db.conninfo, slot)
+    out = tmp_path / "out.jsonl"
+    insert(db.conninfo, 1, 10)
+    done = run_cli([*stream_command(db.conninfo, slot, out), "-E", str(current_lsn(db.conninfo))],
+                   env=env)
+    assert done.returncode == 0, done.stderr
+    with out.open("ab") as f:
+        f.write(b'{"cb": "begin", "xid": 1}\n')  # a torn tail, as a crash leaves it
+    before, progress = out.read_bytes(), Path(f"{out}.progress").read_bytes()
+    other = start_cli(["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub",
+                       "--emitter", "probe"], env=env)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active") or other.poll(),
+                 what="the other consumer")
+        refused = run_cli(stream_command(db.conninfo, slot, out, "--no-reconnect"), env=env)
+    finally:
+        assert stop_process(other) == 0
+    assert refused.returncode == 1, refused.stderr
+    assert f'replication slot "{slot}" is active for PID' in refused.stderr
+    assert out.read_bytes() == before
+    assert Path(f"{out}.progress").read_bytes() == progress
 
 
 # --- item 10: an fsync that fails -----------------------------------------------------------------

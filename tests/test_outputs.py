@@ -87,3 +87,27 @@ def test_a_recorded_size_that_is_no_byte_count_is_damage(tmp_path: Path, size: o
     with pytest.raises(OutputError, match=r"is damaged \(the recorded size .* is not a byte "
                                           r"count\); remove it"):
         FileOutput(path)
+
+
+def test_a_file_cut_by_another_program_is_not_recorded_durable(tmp_path: Path) -> None:
+    """The lock is advisory: a program that ignores it and cuts the file must not have
+    FILE.progress record the size pgdecode wrote (which would disable the repair of a torn
+    tail), nor the LSN reported durable."""
+    path = tmp_path / "out"
+    out = FileOutput(path)
+    out.write(new_record(LSN(0x10), 1, b"first"))
+    out.mark(LSN(0x10))
+    assert out.flush() == LSN(0x10)
+    progress = Path(f"{path}.progress").read_text()
+    with path.open("r+b") as f:
+        f.truncate(0)
+    out.write(new_record(LSN(0x20), 2, b"second"))
+    out.mark(LSN(0x20))
+    # (appended at the new end: 7 bytes, where pgdecode counts 13)
+    with pytest.raises(OutputError, match=r"has 7 bytes, fewer than the 13 written to it"):
+        out.flush()
+    with pytest.raises(OutputError, match="fewer than"):
+        out.flush()  # nor later
+    out.close()  # nor at close
+    assert out.durable_lsn == LSN(0x10)
+    assert Path(f"{path}.progress").read_text() == progress
