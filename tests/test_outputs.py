@@ -111,3 +111,26 @@ def test_a_file_cut_by_another_program_is_not_recorded_durable(tmp_path: Path) -
     out.close()  # nor at close
     assert out.durable_lsn == LSN(0x10)
     assert Path(f"{path}.progress").read_text() == progress
+
+
+def test_outputs_opened_before_a_failing_one_are_released(tmp_path: Path) -> None:
+    """build_pipeline refused at the second file: the first is closed again (its lock
+    released), not left open and locked for the rest of the process."""
+    from plugin_framework import OutputPlugin
+    from plugin_framework.app import PlannedEmitter, build_pipeline
+
+    class Quiet(OutputPlugin):
+        name = "quiet"
+
+        def begin(self, ctx: object, txn: object) -> None: ...
+
+        def change(self, ctx: object, txn: object, relation: object, change: object) -> None: ...
+
+        def commit(self, ctx: object, txn: object, commit_lsn: object) -> None: ...
+
+    first, second = tmp_path / "a", tmp_path / "missing" / "b"
+    with pytest.raises(OutputError, match="cannot open"):
+        build_pipeline([PlannedEmitter(Quiet(), {}, str(first)),
+                        PlannedEmitter(Quiet(), {}, str(second))])
+    FileOutput(first).close()
+    assert not Path(f"{first}.progress").exists()  # never used: nothing recorded

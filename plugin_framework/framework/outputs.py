@@ -183,8 +183,10 @@ class FileOutput:
             holder = _lock_holder(os.fstat(fd))
             os.close(fd)
             who = f"process {holder}" if holder is not None else "another process"
+            what = ("another output of this process is writing it" if holder == os.getpid()
+                    else "another pgdecode is writing it")
             raise OutputError(
-                f"{path} is in use by {who}: another pgdecode is writing it (and its "
+                f"{path} is in use by {who}: {what} (and its "
                 f"{path.name}.progress). Nothing was read, cut or written. Stop that one "
                 "first (on SIGTERM it finishes its transaction and acknowledges), or give "
                 "-f another file"
