@@ -10,6 +10,7 @@ their pipelines here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -208,6 +209,7 @@ def build_pipeline(emitters: EmitterChoice | Sequence[PlannedEmitter], *,
     receives (output, file name) for each file opened, to name the file in an error.
     """
     publication_filters = row_filters(filters, filter_conninfo)
+    opened: list[FileOutput] = []
     try:
         if publication_filters is not None and check is not None:
             check(publication_filters)
@@ -227,10 +229,14 @@ def build_pipeline(emitters: EmitterChoice | Sequence[PlannedEmitter], *,
                 output = planned.make_output()
             else:
                 output = open_output(planned.target)
+                opened.append(output)
                 if output_files is not None:
                     output_files.append((output, planned.target))
             pipeline.add(planned.plugin, options=planned.options, output=output)
     except BaseException:
+        for opened_output in opened:  # unused: closing releases its lock, touches nothing
+            with contextlib.suppress(Exception):
+                opened_output.close()
         if publication_filters is not None:
             publication_filters.close()
         raise

@@ -31,10 +31,27 @@ def test_a_file_is_resumed_and_cut_back_to_its_durable_size(tmp_path: Path) -> N
     with path.open("ab") as f:
         f.write(b"torn tail of a transaction cut short")
     out = FileOutput(path)
+    out.claim("s")  # first use, once the source has checked the slot
     out.close()
     assert out.resume_lsn == LSN(0x102)
     assert path.stat().st_size == progress["size"]
     assert path.read_bytes().splitlines() == [b"line 0", b"line 1", b"line 2"]
+
+
+def test_a_file_opened_but_never_used_is_left_as_it_was(tmp_path: Path) -> None:
+    """A run refused before streaming (the slot active elsewhere, say) opened the file but
+    must not have cut or recorded anything: that happens at first use."""
+    path = tmp_path / "out"
+    written(path, 3)
+    with path.open("ab") as f:
+        f.write(b"torn tail")
+    before, progress = path.read_bytes(), Path(f"{path}.progress").read_bytes()
+    FileOutput(path).close()
+    assert path.read_bytes() == before
+    assert Path(f"{path}.progress").read_bytes() == progress
+    fresh = tmp_path / "fresh"
+    FileOutput(fresh).close()
+    assert not Path(f"{fresh}.progress").exists()
 
 
 def test_a_file_shorter_than_its_progress_is_refused_untouched(tmp_path: Path) -> None:
@@ -70,3 +87,50 @@ def test_a_recorded_size_that_is_no_byte_count_is_damage(tmp_path: Path, size: o
     with pytest.raises(OutputError, match=r"is damaged \(the recorded size .* is not a byte "
                                           r"count\); remove it"):
         FileOutput(path)
+
+
+def test_a_file_cut_by_another_program_is_not_recorded_durable(tmp_path: Path) -> None:
+    """The lock is advisory: a program that ignores it and cuts the file must not have
+    FILE.progress record the size pgdecode wrote (which would disable the repair of a torn
+    tail), nor the LSN reported durable."""
+    path = tmp_path / "out"
+    out = FileOutput(path)
+    out.write(new_record(LSN(0x10), 1, b"first"))
+    out.mark(LSN(0x10))
+    assert out.flush() == LSN(0x10)
+    progress = Path(f"{path}.progress").read_text()
+    with path.open("r+b") as f:
+        f.truncate(0)
+    out.write(new_record(LSN(0x20), 2, b"second"))
+    out.mark(LSN(0x20))
+    # (appended at the new end: 7 bytes, where pgdecode counts 13)
+    with pytest.raises(OutputError, match=r"has 7 bytes, fewer than the 13 written to it"):
+        out.flush()
+    with pytest.raises(OutputError, match="fewer than"):
+        out.flush()  # nor later
+    out.close()  # nor at close
+    assert out.durable_lsn == LSN(0x10)
+    assert Path(f"{path}.progress").read_text() == progress
+
+
+def test_outputs_opened_before_a_failing_one_are_released(tmp_path: Path) -> None:
+    """build_pipeline refused at the second file: the first is closed again (its lock
+    released), not left open and locked for the rest of the process."""
+    from plugin_framework import OutputPlugin
+    from plugin_framework.app import PlannedEmitter, build_pipeline
+
+    class Quiet(OutputPlugin):
+        name = "quiet"
+
+        def begin(self, ctx: object, txn: object) -> None: ...
+
+        def change(self, ctx: object, txn: object, relation: object, change: object) -> None: ...
+
+        def commit(self, ctx: object, txn: object, commit_lsn: object) -> None: ...
+
+    first, second = tmp_path / "a", tmp_path / "missing" / "b"
+    with pytest.raises(OutputError, match="cannot open"):
+        build_pipeline([PlannedEmitter(Quiet(), {}, str(first)),
+                        PlannedEmitter(Quiet(), {}, str(second))])
+    FileOutput(first).close()
+    assert not Path(f"{first}.progress").exists()  # never used: nothing recorded

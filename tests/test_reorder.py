@@ -13,6 +13,7 @@ and restarts of every kind of transaction at once: tests/test_reorder_recovery.p
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,7 @@ def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(tmp_path: Pa
     assert first.in_flight  # 'pending' is held
     stop = acks[-1]
     assert stop <= prepare_lsn  # else the server would not send the PREPARE again
+    died(first)
     second, acks = run_once()  # the server sends from `stop`: the same messages again
     assert max(acks) <= stop
     cp, _ = wal.commit_prepared(750, "pending")
@@ -572,3 +574,10 @@ def test_a_message_of_an_aborted_subtransaction_of_a_stream_is_dropped() -> None
     c, _ = wal.stream_commit(2300)
     [ordinary] = run(wal.items, Rec())
     assert ordinary == wal.ordinary(2300, c)
+
+
+def died(p: Pipeline) -> None:
+    """What the kernel does for a process that dies: its files' locks are released (the
+    pipeline's objects stay, unclosed)."""
+    for m in p.members:
+        fcntl.flock(m.ctx.output._file.fileno(), fcntl.LOCK_UN)  # type: ignore[attr-defined]

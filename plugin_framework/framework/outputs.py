@@ -9,12 +9,15 @@ function's tuplestore); here each write is an ``OutputRecord`` handed to the plu
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, NoReturn, Protocol
 
 from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.protocol import LSN
@@ -112,6 +115,12 @@ class FileOutput:
     to that size, dropping the output of a transaction that was cut short, and the pipeline
     skips what the file already holds (``resume_lsn``): each transaction is in the file
     exactly once, however often the server sends it.
+
+    A regular file is locked (``flock``) for as long as it is open: a second process given
+    the same file is refused before it reads, cuts or writes anything. The file is repaired
+    (cut back, or its start recorded) only when first used (``claim``, after the source has
+    checked the slot, or the first write), so that a run refused before streaming leaves it
+    as it was. A failed fsync stops the output for good: nothing is made durable after it.
     """
 
     def __init__(self, target: str | os.PathLike[str] | IO[bytes] = "-") -> None:
@@ -124,6 +133,9 @@ class FileOutput:
         self._open_streams: list[int] = []
         self._marked_streams: list[int] = []
         self.resume_open_streams: list[int] = []
+        self._failed: str | None = None  # why the output can no longer be made durable
+        self._repair: tuple[bool, int] | None = None  # (new file, durable size) until used
+        self._durable_size = 0
         if isinstance(target, str | os.PathLike):
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
@@ -136,23 +148,59 @@ class FileOutput:
             else:
                 self._path = path
                 self._progress = path.with_name(path.name + ".progress")
-                size = self._resume(path)
-                # A large buffer: one write(2) per ~1 MB of lines, not per 8 KB
-                self._file = open(path, "ab", buffering=_BUFFER)  # noqa: SIM115  (closed in close())
-                if size is None:
-                    # Record where this stream's output starts before writing any: a crash
-                    # before the first flush must not leave a torn transaction behind.
-                    self._save_progress(LSN(0), self._file.tell())
-                elif self._file.tell() > size:
-                    self._file.truncate(size)
-                    self._file.seek(size)
+                fd = self._open_locked(path)
+                try:
+                    size = self._resume(path)
+                    # A large buffer: one write(2) per ~1 MB of lines, not per 8 KB
+                    self._file = open(fd, "ab", buffering=_BUFFER)  # noqa: SIM115  (closed in close())
+                except BaseException:
+                    os.close(fd)  # and with it the lock
+                    raise
+                actual = os.fstat(fd).st_size
+                self._durable_size = actual if size is None else size
+                self._repair = (size is None, self._durable_size)
                 self._owned = True
         else:
             self._file, self._owned = target, False
+        self._regular = self._is_regular()
         self.durable_lsn = self.resume_lsn
         self._marked = self.resume_lsn
-        self._marked_size = self._position()
-        self._write = self._file.write
+        self._marked_size = self._durable_size if self._repair else self._position()
+        self._write = self._first_write if self._repair else self._file.write
+
+    def _open_locked(self, path: Path) -> int:
+        """The file opened for appending and locked; refused, untouched, if another process
+        has it. Created if missing, unless FILE.progress says it should be there."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            self._resume(path)  # a missing file that FILE.progress says holds output: refused
+            fd = os.open(path, flags | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(os.fstat(fd))
+            os.close(fd)
+            who = f"process {holder}" if holder is not None else "another process"
+            what = ("another output of this process is writing it" if holder == os.getpid()
+                    else "another pgdecode is writing it")
+            raise OutputError(
+                f"{path} is in use by {who}: {what} (and its "
+                f"{path.name}.progress). Nothing was read, cut or written. Stop that one "
+                "first (on SIGTERM it finishes its transaction and acknowledges), or give "
+                "-f another file"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _is_regular(self) -> bool:
+        try:
+            return stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        except (OSError, ValueError):
+            return False
 
     def _resume(self, path: Path) -> int | None:
         """The size to cut the file back to, from FILE.progress; None for a new file."""
@@ -183,11 +231,45 @@ class FileOutput:
             )
         return size
 
+    def check_resume(self, server_lsn: LSN) -> None:
+        """Refuse a FILE.progress whose LSN the server has not reached (``server_lsn``: how
+        far its WAL is written): resuming would skip, and acknowledge, everything the slot
+        sends up to that LSN. The source calls this before the pipeline starts."""
+        if self._progress is None or self.resume_lsn <= server_lsn:
+            return
+        raise OutputError(
+            f"{self._progress} records that {self._path} holds the changes up to "
+            f"{self.resume_lsn}, but the server's WAL ends at {server_lsn}: the progress file "
+            "is damaged or comes from another server, and resuming from it would skip (and "
+            "acknowledge) every change up to there. Nothing was written or acknowledged. "
+            f"Restore the right {self._progress.name}; to start afresh instead, remove "
+            f"{self._path} and {self._progress} (the slot then sends everything it still has)"
+        )
+
     def _position(self) -> int:
         try:
             return self._file.tell()
         except (OSError, ValueError):
             return 0
+
+    def _ready(self) -> None:
+        """First use: cut the file back to its durable size (the output of a transaction a
+        crash cut short), or, for a new file, record where this stream's output starts (a
+        crash before the first flush must not leave a torn transaction behind)."""
+        if self._repair is None:
+            return
+        new, size = self._repair
+        self._repair = None
+        self._write = self._file.write
+        if new:
+            self._save_progress(LSN(0), size)
+        elif os.fstat(self._file.fileno()).st_size > size:
+            self._file.truncate(size)
+        self._file.seek(size)
+
+    def _first_write(self, data: bytes) -> int:
+        self._ready()
+        return self._file.write(data)
 
     def claim(self, slot: str) -> None:
         """Bind the file to the slot whose stream it holds. Resuming skips the transactions
@@ -201,6 +283,7 @@ class FileOutput:
                 f'"{self._slot}", not "{slot}": write this slot\'s changes to another file '
                 "(pgdecode resumes a file only from the slot that wrote it)"
             )
+        self._ready()
         if self._slot is None:
             self._slot = slot
             self._save_progress(self.durable_lsn, self._marked_size)
@@ -210,7 +293,10 @@ class FileOutput:
 
     def savepoint(self) -> int | None:
         """The file's size now (None for a pipe or terminal, which cannot take back lines)."""
-        return self._position() if self._progress is not None else None
+        if self._progress is None:
+            return None
+        self._ready()
+        return self._position()
 
     def rollback_to(self, savepoint: int | None) -> None:
         """Cut the file back to ``savepoint``: the lines of a transaction that the server
@@ -232,17 +318,83 @@ class FileOutput:
         if lsn > self._marked:
             self._marked = lsn
             if self._progress is not None:
+                self._ready()
                 self._marked_size = self._file.tell()
                 self._marked_streams = self._open_streams
 
     def flush(self) -> LSN:
+        if self._failed is not None:
+            raise OutputError(self._failed)
+        if self._repair is not None:
+            return self.durable_lsn  # never used: nothing to make durable
         self._file.flush()
-        with contextlib.suppress(OSError, ValueError):  # pipes and terminals cannot be fsynced
-            os.fsync(self._file.fileno())
+        try:
+            fd: int | None = self._file.fileno()
+        except (OSError, ValueError):
+            fd = None  # an in-memory stream: nothing to fsync
+        failed: str | None = None
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                # A pipe, terminal or character device cannot be fsynced (EINVAL): what it
+                # was handed is as durable as it gets. Anything else, and any error on a
+                # regular file, means the data may not be on disk; the kernel may report that
+                # only once, so it is never tried again as if it had worked.
+                if self._regular or exc.errno not in _NO_FSYNC:
+                    failed = exc.strerror or str(exc)
+        if failed is not None:
+            self._fail(failed)
         if self._progress is not None and self._marked > self.durable_lsn:
-            self._save_progress(self._marked, self._marked_size)
+            self._check_size()
+            try:
+                self._save_progress(self._marked, self._marked_size)
+            except OSError as exc:
+                failed = exc.strerror or str(exc)
+            if failed is not None:
+                self._fail(failed, what=f"{self._progress} (where its progress is recorded)")
+            self._durable_size = self._marked_size
         self.durable_lsn = self._marked
         return self.durable_lsn
+
+    def _fail(self, reason: str, what: str | None = None) -> NoReturn:
+        """Stop for good after an fsync (or progress file) failure: this flush and every
+        later one raise, nothing more is recorded durable or acknowledged. (Raised outside
+        the OSError's handler: the error is this one, not a write that could be retried.)"""
+        name = what or (str(self._path) if self._path is not None else "the output")
+        again = (f"run the same command again: it cuts {self._path} back to what was durable "
+                 f"({self._durable_size} bytes) and goes on from there"
+                 if self._path is not None else "run the command again")
+        self._failed = (
+            f"could not make {name} durable: fsync failed ({reason}). The output since "
+            f"{self.durable_lsn} may not be on disk, so it was not acknowledged: the server "
+            f"sends it again. Check the disk and the kernel log, then {again}")
+        raise OutputError(self._failed)
+
+    def _check_size(self) -> None:
+        """The file must hold what is about to be recorded durable: another process that
+        cut or replaced it (it ignores the lock) would otherwise have progress claim bytes
+        the file does not have, disabling the repair of a torn tail."""
+        assert self._path is not None
+        fd_stat = os.fstat(self._file.fileno())
+        try:
+            path_stat: os.stat_result | None = self._path.stat()
+        except FileNotFoundError:
+            path_stat = None
+        if path_stat is None or path_stat.st_ino != fd_stat.st_ino \
+                or path_stat.st_dev != fd_stat.st_dev:
+            problem = "was removed or replaced"
+        elif fd_stat.st_size < self._marked_size:
+            problem = (f"has {fd_stat.st_size} bytes, fewer than the {self._marked_size} "
+                       "written to it")
+        else:
+            return
+        self._failed = (
+            f"{self._path} {problem} while pgdecode was writing it: something else changed "
+            f"the file. Nothing was acknowledged past {self.durable_lsn}. Restore the file "
+            f"(or remove it and {self._progress} to start afresh), then run the command again"
+        )
+        raise OutputError(self._failed)
 
     def _save_progress(self, lsn: LSN, size: int) -> None:
         """Replace the progress file atomically and durably (the directory too: the server
@@ -259,14 +411,54 @@ class FileOutput:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._progress)
-        with contextlib.suppress(OSError):
+        try:
             fd = os.open(self._progress.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        except OSError:
+            return  # a directory that cannot be opened cannot be fsynced either
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in _NO_FSYNC:  # some file systems do not fsync directories
+                raise
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        self.flush()
-        if self._owned:
-            self._file.close()
+        """Make what was marked durable and close. Lines written after the last mark (a
+        transaction a callback error or a lost connection cut short) are cut off first: the
+        file ends at a transaction boundary, as a restart would cut it."""
+        try:
+            if self._failed is None and self._repair is None:
+                if self._progress is not None and self._position() > self._marked_size:
+                    self.rollback_to(self._marked_size)
+                self.flush()
+            elif self._failed is not None and self._progress is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self.rollback_to(self._durable_size)
+        finally:
+            if self._owned:
+                if self._failed is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._file.close()
+                else:
+                    self._file.close()
+
+
+# fsync errors that mean "this kind of file cannot be fsynced", not "the data may be lost"
+_NO_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS})
+
+
+def _lock_holder(st: os.stat_result) -> int | None:
+    """The PID holding a flock on the file ``st`` describes (from /proc/locks; None if it
+    cannot be told)."""
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                if "->" not in fields and len(fields) >= 6 and fields[1] == "FLOCK" \
+                        and fields[5] == wanted:
+                    return int(fields[4])
+    except (OSError, ValueError):
+        return None
+    return None

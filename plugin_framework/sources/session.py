@@ -191,14 +191,21 @@ def run_with_reconnect(attempt: Callable[[], None], config: SourceConfig, progre
 
 
 def start_pipeline(pipeline: Pipeline, proto: int, server_version: int, is_init: bool,
-                   slot: str, drop_slot: Callable[[], object]) -> None:
+                   slot: str, drop_slot: Callable[[], object],
+                   server_lsn: LSN | None = None) -> None:
     """Tell the pipeline what the server speaks and start its plugins. A slot this run just
     created (``is_init``) for plugins that then refuse to start is taken back with
     ``drop_slot``: it would hold WAL back for nothing, and a rerun would tell the plugins
-    is_init = false for it."""
+    is_init = false for it. ``server_lsn``, how far the server's WAL is written: an output
+    resumed from further than that (a damaged FILE.progress) is refused first."""
     pipeline.set_proto_version(proto)
     pipeline.set_server_version(server_version)
     try:
+        if server_lsn is not None:
+            for m in pipeline.members:
+                check = getattr(m.ctx.output, "check_resume", None)
+                if check is not None:
+                    check(server_lsn)
         pipeline.startup(is_init=is_init)
     except BaseException:
         if is_init:

@@ -100,8 +100,10 @@ class SqlSource:
         server_version = conn.info.server_version
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
+            wal_end = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
             start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
-                           lambda: drop_slot(conn, cfg.slot, if_exists=True))
+                           lambda: drop_slot(conn, cfg.slot, if_exists=True),
+                           server_lsn=LSN(wal_end[0]) if wal_end else None)
             self._started = True
         two_phase = cfg.two_phase
         if two_phase is None:

@@ -123,13 +123,15 @@ class WalsenderSource:
             if cfg.create_slot:
                 is_init = self._create_slot(repl, server_version)
             self._check_slot(repl)
+            # How far the server's WAL is written, to check a resumed output against
+            server_lsn = None if self._started else repl.identify_system()[2]
         except psycopg.Error as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
             drop_slot = f"DROP_REPLICATION_SLOT {quote_ident_always(cfg.slot)}"
             start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
-                           lambda: repl.command(drop_slot))
+                           lambda: repl.command(drop_slot), server_lsn=server_lsn)
             self._started = True
         self._proto = proto
         self.server_version = server_version

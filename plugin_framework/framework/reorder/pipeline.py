@@ -142,11 +142,13 @@ class Pipeline(Streams, TwoPhase):
                            Transaction(xid, is_streamed=True), None)
 
     def shutdown(self) -> None:
-        for m in self.members:
-            if m.plugin.has("shutdown"):
-                m.call("shutdown", LSN(0), None, writes=False)
-        for m in self.members:
-            m.ctx.output.close()
+        try:
+            for m in self.members:
+                if m.plugin.has("shutdown"):
+                    m.call("shutdown", LSN(0), None, writes=False)
+        finally:  # a failing shutdown callback must not leave the outputs unclosed
+            for m in self.members:
+                m.ctx.output.close()
         for state in [*self._streams.values(), *self._prepared.values()]:
             if state.spool is not None:
                 state.spool.close()
