@@ -176,6 +176,11 @@ class Pipeline(Streams, TwoPhase):
 
     def feed(self, data: bytes, lsn: LSN) -> None:
         """One pgoutput message as the server sent it, and its XLogData start LSN."""
+        pending = self._pending
+        if pending is not None and not (
+                data[:1] == b"p" and isinstance(prepare := self.decoder.decode(data), StreamPrepare)
+                and prepare.xid == pending.base.xid):
+            self._release_block()
         stream = self._stream
         if stream is not None:
             if stream.in_block and not stream.live and stream.spool is not None \
@@ -209,6 +214,10 @@ class Pipeline(Streams, TwoPhase):
 
     def handle(self, message: Message, lsn: LSN) -> None:
         """A message decoded elsewhere (its raw bytes are re-encoded only if it must be held)."""
+        pending = self._pending
+        if pending is not None and not (isinstance(message, StreamPrepare)
+                                        and message.xid == pending.base.xid):
+            self._release_block()
         if isinstance(message, StreamStart):
             self.decoder.in_stream = True
         elif isinstance(message, StreamStop):
@@ -234,8 +243,10 @@ class Pipeline(Streams, TwoPhase):
         if stream is not None:
             self._stream_begin_block(stream)
             stream.relations[m.relation_id] = rel
-            if stream.spool is not None and raw is not None:
-                stream.spool.append(lsn, m.xid or 0, True, raw)
+            if raw is not None:
+                for spool in (stream.spool, stream.block and stream.block.spool):
+                    if spool is not None:
+                        spool.append(lsn, m.xid or 0, True, raw)
         else:
             state = self._txn
             if state is not None and state.spool is not None and raw is not None:
