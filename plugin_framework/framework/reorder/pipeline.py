@@ -242,11 +242,14 @@ class Pipeline(Streams, TwoPhase):
         stream = self._stream
         if stream is not None:
             self._stream_begin_block(stream)
+            if m.relation_id in stream.relations:
+                stream.catalog_changes = True  # described again: its definition changed
             stream.relations[m.relation_id] = rel
             if raw is not None:
-                for spool in (stream.spool, stream.block and stream.block.spool):
-                    if spool is not None:
-                        spool.append(lsn, m.xid or 0, True, raw)
+                if stream.spool is not None:
+                    stream.spool.append(lsn, m.xid or 0, True, raw)
+                if stream.block is not None:
+                    stream.block.spool.append(lsn, m.xid or 0, True, raw)
         else:
             state = self._txn
             if state is not None and state.spool is not None and raw is not None:

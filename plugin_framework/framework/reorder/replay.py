@@ -14,6 +14,7 @@ from typing import Any
 from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.reorder.buffer import ReorderBufferState
 from plugin_framework.framework.reorder.txn import Block, TxnState
+from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     LSN,
     CommitPrepared,
@@ -107,8 +108,14 @@ class Replay(ReorderBufferState):
         for i in members:
             view = self._committed_view(state, i, m)
             view.is_prepared = False
-        if state.remainder is not None:
-            self._replay_block(state, members, state.remainder)
+        remainder = state.remainder
+        if state.catalog_changes:
+            # the commit's invalidations end the block, or make one of their own
+            if remainder is None:
+                remainder = state.remainder = Block(Spool(self.budget), {}, m.commit_lsn)
+            remainder.stop_lsn = m.commit_lsn
+        if remainder is not None:
+            self._replay_block(state, members, remainder)
         for i in members:
             self.members[i].call("stream_commit", m.end_lsn, state.base.xid,
                                  self._view(state, i), m.commit_lsn)

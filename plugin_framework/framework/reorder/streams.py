@@ -88,6 +88,8 @@ class Streams(Acknowledgement, Replay):
                 member = self.members[i]
                 if member.plugin.has(cb):  # records carry the top-level xid, as in C
                     member.call(cb, lsn, state.base.xid, self._view(state, i), *built)
+        if cb == "stream_truncate":
+            state.catalog_changes = True
         if raw is not None:
             if state.spool is not None:
                 state.spool.append(lsn, xid or 0, True, raw)

@@ -75,6 +75,10 @@ class TxnState:
     deferred: list[int] = field(default_factory=list)
     block: Block | None = None  # the block being received or awaiting its verdict
     blocks: int = 0  # blocks received (a transaction's first block is never the remainder)
+    # it changed the catalog, as far as pgoutput tells (a TRUNCATE, a relation described
+    # again): its commit record then carries invalidations, which ReorderBufferCommit queues
+    # as a last change at the commit's LSN
+    catalog_changes: bool = False
     remainder: Block | None = None  # the block streamed at PREPARE, for streamed_held
     # subtransactions with changes in blocks the deferred members had: each gets its own
     # stream_abort at ROLLBACK PREPARED, as ReorderBufferAbort does for a streamed subtxn
