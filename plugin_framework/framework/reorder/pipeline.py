@@ -8,7 +8,8 @@ buffer's contract:
   nothing for an aborted stream (streams.py).
 - Prepared transactions reach two-phase plugins at PREPARE (unless filter_prepare says no);
   the others get them as ordinary transactions at COMMIT PREPARED, nothing at ROLLBACK
-  PREPARED (twophase.py).
+  PREPARED (twophase.py), or, streamed before PREPARE to a streaming plugin, the rest and
+  stream_commit at COMMIT PREPARED, stream_abort at ROLLBACK PREPARED (streams.py).
 - filter_by_origin skips a whole transaction for the plugin that asks.
 
 Each plugin has its own context, options, private state and output. The pipeline knows up to

@@ -4,7 +4,10 @@ and Stream Prepare.
 
 Plugins with stream callbacks get each block as it comes; the others get the transaction
 reassembled from its spool at Stream Commit (or PREPARE), subtransaction aborts applied,
-and nothing for an aborted stream.
+and nothing for an aborted stream. A streaming plugin that may not take a transaction at
+PREPARE (no two-phase callbacks, or a filter_prepare) gets each block at the next message:
+the block right before Stream Prepare is the rest pgoutput streams at PREPARE, which such a
+plugin gets only at COMMIT PREPARED (docs/framework.md, "Delivery rules").
 """
 
 from __future__ import annotations
