@@ -149,8 +149,7 @@ class Pipeline(Streams, TwoPhase):
         for m in self.members:
             m.ctx.output.close()
         for state in [*self._streams.values(), *self._prepared.values()]:
-            if state.spool is not None:
-                state.spool.close()
+            self._close(state)
 
     def reset(self) -> None:
         """Forget what was received but not finished, after the connection was lost: the
