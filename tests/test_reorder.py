@@ -537,6 +537,21 @@ def test_streamed_prepared_transaction_with_catalog_changes_ends_at_the_commit()
                         ("stream_stop", 1220), ("stream_commit", 1220, int(cp))]
 
 
+def test_a_block_with_nothing_published_counts_as_streamed_before_prepare() -> None:
+    """pgoutput opens a block for changes it then does not send (tables outside the
+    publication): the server streamed the transaction for its memory limit all the same, so
+    the next block, right before Stream Prepare, is the one streamed at PREPARE."""
+    wal = Wal()
+    wal.table("t", "id")
+    wal.block(1240)  # Stream Start, Stream Stop: nothing for the plugins
+    a2 = wal.block(1240, ins("t", "1"))
+    wal.stream_prepare(1240, "e")
+    c, _ = wal.txn(1241, ins("t", "10"))
+    cp, _ = wal.commit_prepared(1240, "e")
+    [streamer] = run(wal.items, StreamRec())
+    assert streamer == [*wal.ordinary(1241, c), *a2, ("stream_commit", 1240, int(cp))]
+
+
 def test_a_held_back_block_is_dropped_with_a_lost_connection() -> None:
     """reset() after a block held back from a streaming plugin: the server streams the
     transaction again from its start; the plugin is told to abort what it had, and gets

@@ -48,6 +48,7 @@ class Streams(Acknowledgement, Replay):
         self._stream = state
         state.in_block = []
         state.block_lsn = lsn
+        state.blocks += 1
 
     def _stream_begin_block(self, state: TxnState) -> None:
         """First content of a block: filter by origin once, open the block for streamers."""
@@ -70,7 +71,6 @@ class Streams(Acknowledgement, Replay):
             if state.held:
                 state.spool = Spool(self.budget)
         if not state.in_block:
-            state.blocks += 1
             state.in_block = [i for i in state.live if i not in state.deferred]
             for i in state.in_block:
                 self.members[i].call("stream_start", state.block_lsn, state.base.xid,

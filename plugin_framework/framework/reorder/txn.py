@@ -74,7 +74,7 @@ class TxnState:
     # transaction at PREPARE. They are in ``live`` too.
     deferred: list[int] = field(default_factory=list)
     block: Block | None = None  # the block being received or awaiting its verdict
-    blocks: int = 0  # blocks received (a transaction's first block is never the remainder)
+    blocks: int = 0  # Stream Starts received (the first block is never the remainder)
     # it changed the catalog, as far as pgoutput tells (a TRUNCATE, a relation described
     # again): its commit record then carries invalidations, which ReorderBufferCommit queues
     # as a last change at the commit's LSN
