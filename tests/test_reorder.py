@@ -479,6 +479,104 @@ def test_streamed_prepared_transactions_by_kind_of_plugin() -> None:
     assert apply_two_phase(apply_streams(both)) == ordinary
 
 
+def test_streamed_prepared_remainder_waits_for_the_outcome_where_prepare_is_declined() -> None:
+    """pgoutput streams the rest of a streamed transaction at PREPARE (the block right before
+    Stream Prepare) and sends Stream Prepare whatever our plugins' filter_prepare says. A
+    streaming plugin that does not take the transaction at PREPARE (no two-phase callbacks,
+    or filter_prepare says no) gets in PostgreSQL nothing at PREPARE (decode.c's
+    FilterPrepare), the rest as one more block and stream_commit at COMMIT PREPARED
+    (ReorderBufferCommit of a streamed transaction), and at ROLLBACK PREPARED stream_abort
+    for each subtransaction it had changes of, in ascending xid order, then for the
+    transaction (ReorderBufferAbort); the rest never reaches it."""
+    wal = Wal()
+    wal.table("t", "id")
+    a1 = wal.block(1200, ins("t", "1"), ins("t", "2", sub=1201))
+    c1, _ = wal.txn(1203, ins("t", "10"))  # a memory-limit block is followed by others
+    a2 = wal.block(1200, ins("t", "3"))
+    a3 = wal.block(1200, ins("t", "4"))  # the remainder, streamed at PREPARE
+    wal.stream_prepare(1200, "keep")
+    c2, _ = wal.txn(1204, ins("t", "11"))
+    cp, _ = wal.commit_prepared(1200, "keep")
+    b1 = wal.block(1210, ins("t", "5", sub=1212), ins("t", "6", sub=1211), ins("t", "7"))
+    b2 = wal.block(1210, ins("t", "8", sub=1213))
+    _, prepare_end = wal.stream_prepare(1210, "gone")
+    rp = wal.rollback_prepared(1210, "gone", prepare_end)
+    ordinary, streamer, two_phase, both, filtering = run(
+        wal.items, Rec(), StreamRec(), TwoPhaseRec(), StreamTwoPhaseRec(),
+        StreamTwoPhaseRec(filter_gids=("keep", "gone")))
+    t1203, t1204 = wal.ordinary(1203, c1), wal.ordinary(1204, c2)
+    declined = [*a1, *t1203, *a2, *t1204, *a3, ("stream_commit", 1200, int(cp)),
+                *b1, ("stream_abort", 1210, 1211), ("stream_abort", 1210, 1212),
+                ("stream_abort", 1210, 1210)]
+    assert streamer == declined
+    assert filtering == declined
+    assert both == [*a1, *t1203, *a2, *a3, ("stream_prepare", 1200, "keep"), *t1204,
+                    ("commit_prepared", 1200, "keep", int(cp)),
+                    *b1, *b2, ("stream_prepare", 1210, "gone"),
+                    ("rollback_prepared", 1210, "gone")]
+    assert ordinary == [*t1203, *t1204, *wal.ordinary(1200, cp)]
+    assert two_phase == [*t1203, ("begin_prepare", 1200, "keep"), *wal.changes(1200),
+                         ("prepare", 1200, "keep"), *t1204,
+                         ("commit_prepared", 1200, "keep", int(cp)),
+                         ("begin_prepare", 1210, "gone"), *wal.changes(1210),
+                         ("prepare", 1210, "gone"), ("rollback_prepared", 1210, "gone")]
+    assert int(rp) > 0
+
+
+def test_streamed_prepared_transaction_with_catalog_changes_ends_at_the_commit() -> None:
+    """A transaction that changed the catalog (a TRUNCATE) has invalidations in its commit
+    record, which ReorderBufferCommit queues as a last change: a declining streaming plugin
+    gets a block at COMMIT PREPARED even when nothing was left to stream at PREPARE."""
+    wal = Wal()
+    wal.table("t", "id")
+    a1 = wal.block(1220, ins("t", "1"), trunc("t"))
+    a2 = wal.block(1220, ins("t", "2"))
+    c1, _ = wal.txn(1221, ins("t", "10"))  # so a2 was not streamed at PREPARE
+    wal.stream_prepare(1220, "cat")
+    cp, _ = wal.commit_prepared(1220, "cat")
+    [streamer] = run(wal.items, StreamRec())
+    assert streamer == [*a1, *a2, *wal.ordinary(1221, c1), ("stream_start", 1220),
+                        ("stream_stop", 1220), ("stream_commit", 1220, int(cp))]
+
+
+def test_a_block_with_nothing_published_counts_as_streamed_before_prepare() -> None:
+    """pgoutput opens a block for changes it then does not send (tables outside the
+    publication): the server streamed the transaction for its memory limit all the same, so
+    the next block, right before Stream Prepare, is the one streamed at PREPARE."""
+    wal = Wal()
+    wal.table("t", "id")
+    wal.block(1240)  # Stream Start, Stream Stop: nothing for the plugins
+    a2 = wal.block(1240, ins("t", "1"))
+    wal.stream_prepare(1240, "e")
+    c, _ = wal.txn(1241, ins("t", "10"))
+    cp, _ = wal.commit_prepared(1240, "e")
+    [streamer] = run(wal.items, StreamRec())
+    assert streamer == [*wal.ordinary(1241, c), *a2, ("stream_commit", 1240, int(cp))]
+
+
+def test_a_held_back_block_is_dropped_with_a_lost_connection() -> None:
+    """reset() after a block held back from a streaming plugin: the server streams the
+    transaction again from its start; the plugin is told to abort what it had, and gets
+    the held-back block only once, from the re-send."""
+    wal = Wal()
+    wal.table("t", "id")
+    first = wal.block(1230, ins("t", "1"))
+    wal.block(1230, ins("t", "2"))
+    cut = len(wal.items)
+    again = wal.reconnect()
+    wal.streams.discard(1230)
+    wal.expected.pop(1230, None)
+    b1 = wal.block(1230, ins("t", "1"))
+    b2 = wal.block(1230, ins("t", "2"))
+    c, _ = wal.stream_commit(1230)
+    p, [out] = pipeline(StreamRec())
+    feed(p, wal.items[:cut])
+    p.reset()
+    feed(p, wal.items[again:])
+    assert events(out) == [*first, ("stream_abort", 1230, 1230), *b1, *b2,
+                           ("stream_commit", 1230, int(c))]
+
+
 # --- origins, descriptions, TRUNCATE, messages -------------------------------------------------
 
 

@@ -58,6 +58,8 @@ class ReorderBufferState:
         self._streams: dict[int, TxnState] = {}  # streamed transactions, by xid
         self._stream: TxnState | None = None  # the one whose stream block is open now
         self._prepared: dict[str, TxnState] = {}  # prepared, awaiting their outcome, by gid
+        # the streamed transaction whose last block awaits the next message (see txn.Block)
+        self._pending: TxnState | None = None
         # Per member: the end LSN of the last transaction it has had (or its output already
         # held when the pipeline started). A transaction whose commit record lies before it
         # was delivered already: the server re-sends such after a reconnect or a crash.
@@ -104,10 +106,16 @@ class ReorderBufferState:
             state.rollbacks.append(partial(rollback_to, savepoint()))
 
     def _close(self, state: TxnState) -> None:
-        """Release the transaction's spool."""
+        """Release the transaction's spools."""
         if state.spool is not None:
             state.spool.close()
             state.spool = None
+        for block in (state.block, state.remainder):
+            if block is not None:
+                block.close()
+        state.block = state.remainder = None
+        if self._pending is state:
+            self._pending = None
 
     def _origin_filtered(self, state: TxnState) -> list[int]:
         """The members that skip this transaction: those that filter every origin

@@ -8,7 +8,8 @@ buffer's contract:
   nothing for an aborted stream (streams.py).
 - Prepared transactions reach two-phase plugins at PREPARE (unless filter_prepare says no);
   the others get them as ordinary transactions at COMMIT PREPARED, nothing at ROLLBACK
-  PREPARED (twophase.py).
+  PREPARED (twophase.py), or, streamed before PREPARE to a streaming plugin, the rest and
+  stream_commit at COMMIT PREPARED, stream_abort at ROLLBACK PREPARED (streams.py).
 - filter_by_origin skips a whole transaction for the plugin that asks.
 
 Each plugin has its own context, options, private state and output. The pipeline knows up to
@@ -150,8 +151,7 @@ class Pipeline(Streams, TwoPhase):
             for m in self.members:
                 m.ctx.output.close()
         for state in [*self._streams.values(), *self._prepared.values()]:
-            if state.spool is not None:
-                state.spool.close()
+            self._close(state)
 
     def reset(self) -> None:
         """Forget what was received but not finished, after the connection was lost: the
@@ -178,6 +178,11 @@ class Pipeline(Streams, TwoPhase):
 
     def feed(self, data: bytes, lsn: LSN) -> None:
         """One pgoutput message as the server sent it, and its XLogData start LSN."""
+        pending = self._pending
+        if pending is not None and not (
+                data[:1] == b"p" and isinstance(prepare := self.decoder.decode(data), StreamPrepare)
+                and prepare.xid == pending.base.xid):
+            self._release_block()
         stream = self._stream
         if stream is not None:
             if stream.in_block and not stream.live and stream.spool is not None \
@@ -211,6 +216,10 @@ class Pipeline(Streams, TwoPhase):
 
     def handle(self, message: Message, lsn: LSN) -> None:
         """A message decoded elsewhere (its raw bytes are re-encoded only if it must be held)."""
+        pending = self._pending
+        if pending is not None and not (isinstance(message, StreamPrepare)
+                                        and message.xid == pending.base.xid):
+            self._release_block()
         if isinstance(message, StreamStart):
             self.decoder.in_stream = True
         elif isinstance(message, StreamStop):
@@ -235,9 +244,14 @@ class Pipeline(Streams, TwoPhase):
         stream = self._stream
         if stream is not None:
             self._stream_begin_block(stream)
+            if m.relation_id in stream.relations:
+                stream.catalog_changes = True  # described again: its definition changed
             stream.relations[m.relation_id] = rel
-            if stream.spool is not None and raw is not None:
-                stream.spool.append(lsn, m.xid or 0, True, raw)
+            if raw is not None:
+                if stream.spool is not None:
+                    stream.spool.append(lsn, m.xid or 0, True, raw)
+                if stream.block is not None:
+                    stream.block.spool.append(lsn, m.xid or 0, True, raw)
         else:
             state = self._txn
             if state is not None and state.spool is not None and raw is not None:

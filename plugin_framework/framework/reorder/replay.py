@@ -2,7 +2,8 @@
 transaction whose changes were kept (and possibly spilled to disk) until its outcome.
 
 Plugins that receive a streamed or prepared transaction only whole get it here, at its
-Stream Commit, PREPARE or COMMIT PREPARED, with aborted subtransactions left out.
+Stream Commit, PREPARE or COMMIT PREPARED, with aborted subtransactions left out. A stream
+block held back from streaming plugins (``txn.Block``) is delivered here too, as a block.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from typing import Any
 
 from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.reorder.buffer import ReorderBufferState
-from plugin_framework.framework.reorder.txn import TxnState
+from plugin_framework.framework.reorder.txn import Block, TxnState
+from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     LSN,
+    CommitPrepared,
     Decoder,
     Delete,
     Insert,
@@ -60,6 +63,82 @@ class Replay(ReorderBufferState):
                 self.members[i].call("prepare", end, txn.xid, views[i], final_lsn)
             else:
                 self.members[i].call("commit", end, txn.xid, views[i], final_lsn)
+
+    def _replay_block(self, state: TxnState, members: list[int], block: Block) -> None:
+        """Deliver a held-back stream block to ``members``: stream_start, its items,
+        stream_stop, at the LSNs the server sent them with."""
+        xid = state.base.xid
+        views = {i: self._view(state, i) for i in members}
+        for i in members:
+            self.members[i].call("stream_start", block.start_lsn, xid, views[i])
+        decoder = Decoder(self.proto_version)
+        decoder.in_stream = True
+        overlay = TxnState(state.base, relations=dict(block.relations))
+        for lsn, _subxid, _in_stream, raw in block.spool:
+            msg = decoder.decode(raw)
+            if isinstance(msg, LogicalMessage):
+                args: tuple[Any, ...] | None = (msg.lsn, msg.transactional, msg.prefix,
+                                                msg.content)
+                cb = "stream_message"
+            elif isinstance(msg, Truncate):
+                args, cb = self._truncate_args(msg, lsn, overlay), "stream_truncate"
+            elif isinstance(msg, (Insert, Update, Delete)):
+                change = self._change(msg, lsn, overlay)
+                args = None if change is None else (change.relation, change)
+                cb = "stream_change"
+            else:
+                if isinstance(msg, RelationMessage):
+                    overlay.relations[msg.relation_id] = Relation.from_message(
+                        msg, self.type_names)
+                continue
+            if args is None:
+                continue
+            for i in members:
+                member = self.members[i]
+                if member.plugin.has(cb):  # records carry the top-level xid, as in C
+                    member.call(cb, lsn, xid, views[i], *args)
+        for i in members:
+            self.members[i].call("stream_stop", block.stop_lsn, xid, views[i])
+
+    def _stream_commit_held(self, state: TxnState, m: CommitPrepared) -> None:
+        """COMMIT PREPARED for the streaming members that did not take the transaction at
+        PREPARE: as ReorderBufferCommit does for a streamed transaction (decode.c decodes
+        COMMIT PREPARED as a plain commit when FilterPrepare says so), the rest of it as
+        one more block, then stream_commit. Not a prepared transaction for them."""
+        members = state.streamed_held
+        if not members:
+            return
+        for i in members:
+            view = self._committed_view(state, i, m)
+            view.is_prepared = False
+        remainder = state.remainder
+        if state.catalog_changes:
+            # the commit's invalidations end the block, or make one of their own
+            if remainder is None:
+                remainder = state.remainder = Block(Spool(self.budget), {}, m.commit_lsn)
+            remainder.stop_lsn = m.commit_lsn
+        if remainder is not None:
+            self._replay_block(state, members, remainder)
+        for i in members:
+            self.members[i].call("stream_commit", m.end_lsn, state.base.xid,
+                                 self._view(state, i), m.commit_lsn)
+
+    def _stream_abort_held(self, state: TxnState, end_lsn: LSN) -> None:
+        """ROLLBACK PREPARED for those members: ReorderBufferAbort's stream_abort for each
+        subtransaction they had changes of (in the record's order: ascending xids), then
+        for the transaction; the rest of it never reaches them."""
+        members = state.streamed_held
+        if not members:
+            return
+        top = state.base.xid
+        subxids = sorted(state.streamed_subxids, key=lambda x: (x - top) % (1 << 32))
+        for i in members:
+            view = self._view(state, i)
+            view.is_prepared = False
+            for subxid in subxids:
+                sub = Transaction(subxid, toptxn=view, is_streamed=True)
+                self.members[i].call("stream_abort", end_lsn, subxid, sub, None)
+            self.members[i].call("stream_abort", end_lsn, top, view, None)
 
     def _replay_one(self, msg: Message, lsn: LSN, members: list[int],
                     views: dict[int, Transaction], overlay: TxnState) -> None:

@@ -4,7 +4,10 @@ and Stream Prepare.
 
 Plugins with stream callbacks get each block as it comes; the others get the transaction
 reassembled from its spool at Stream Commit (or PREPARE), subtransaction aborts applied,
-and nothing for an aborted stream.
+and nothing for an aborted stream. A streaming plugin that may not take a transaction at
+PREPARE (no two-phase callbacks, or a filter_prepare) gets each block at the next message:
+the block right before Stream Prepare is the rest pgoutput streams at PREPARE, which such a
+plugin gets only at COMMIT PREPARED (docs/framework.md, "Delivery rules").
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from plugin_framework.framework.model import Transaction
 from plugin_framework.framework.reorder.acknowledge import Acknowledgement
 from plugin_framework.framework.reorder.replay import Replay
-from plugin_framework.framework.reorder.txn import PipelineError, TxnState
+from plugin_framework.framework.reorder.txn import Block, PipelineError, TxnState
 from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     LSN,
@@ -45,6 +48,7 @@ class Streams(Acknowledgement, Replay):
         self._stream = state
         state.in_block = []
         state.block_lsn = lsn
+        state.blocks += 1
 
     def _stream_begin_block(self, state: TxnState) -> None:
         """First content of a block: filter by origin once, open the block for streamers."""
@@ -62,27 +66,41 @@ class Streams(Acknowledgement, Replay):
                 if i in state.skipped:
                     continue
                 (state.live if m.ctx.streaming else state.held).append(i)
+                if m.ctx.streaming and (not m.ctx.twophase or m.plugin.has("filter_prepare")):
+                    state.deferred.append(i)
             if state.held:
                 state.spool = Spool(self.budget)
         if not state.in_block:
-            state.in_block = list(state.live)
-            for i in state.live:
+            state.in_block = [i for i in state.live if i not in state.deferred]
+            for i in state.in_block:
                 self.members[i].call("stream_start", state.block_lsn, state.base.xid,
                                      self._view(state, i))
+            if state.deferred:
+                state.block = Block(Spool(self.budget), {**self.relations, **state.relations},
+                                    state.block_lsn)
             if not state.in_block:
                 state.in_block = [-1]  # the block is open even when nobody streams
 
     def _stream_item(self, state: TxnState, lsn: LSN, xid: int | None, raw: bytes | None,
                      cb: str, args: Callable[[], tuple[Any, ...] | None]) -> None:
         self._stream_begin_block(state)
-        built = args() if state.live else None
+        now = state.in_block
+        built = args() if now[0] >= 0 else None
         if built is not None:
-            for i in state.live:
+            for i in now:
                 member = self.members[i]
                 if member.plugin.has(cb):  # records carry the top-level xid, as in C
                     member.call(cb, lsn, state.base.xid, self._view(state, i), *built)
-        if state.spool is not None and raw is not None:
-            state.spool.append(lsn, xid or 0, True, raw)
+        if cb == "stream_truncate":
+            state.catalog_changes = True
+        if raw is not None:
+            if state.spool is not None:
+                state.spool.append(lsn, xid or 0, True, raw)
+            block = state.block
+            if block is not None:
+                block.spool.append(lsn, xid or 0, True, raw)
+                if xid and xid != state.base.xid and cb != "stream_message":
+                    block.subxids.add(xid)
 
     def _on_stream_stop(self, m: StreamStop, lsn: LSN, raw: bytes | None) -> None:
         state = self._stream
@@ -93,6 +111,22 @@ class Streams(Acknowledgement, Replay):
             if i >= 0:
                 self.members[i].call("stream_stop", lsn, state.base.xid, self._view(state, i))
         state.in_block = []
+        if state.block is not None:
+            state.block.stop_lsn = lsn
+            self._pending = state  # delivered by the next message, unless Stream Prepare
+
+    def _release_block(self) -> None:
+        """The message after a held-back block is not its transaction's Stream Prepare: the
+        server streamed the block for its memory limit, and every streaming member has it."""
+        state = self._pending
+        assert state is not None and state.block is not None
+        self._pending = None
+        block, state.block = state.block, None
+        try:
+            self._replay_block(state, [i for i in state.deferred if i in state.live], block)
+            state.streamed_subxids |= block.subxids
+        finally:
+            block.close()
 
     def _on_stream_abort(self, m: StreamAbort, lsn: LSN, raw: bytes | None) -> None:
         state = self._streams.get(m.xid)
@@ -106,6 +140,7 @@ class Streams(Acknowledgement, Replay):
             self._close(state)
             return
         state.aborted_subxids.add(m.subxid)
+        state.streamed_subxids.discard(m.subxid)
         for i in state.live:
             top = self._view(state, i)
             sub = Transaction(m.subxid, toptxn=top, is_streamed=True)
@@ -136,9 +171,21 @@ class Streams(Acknowledgement, Replay):
         state = self._streams.pop(m.xid, None)
         if state is None:
             raise PipelineError(f"Stream Prepare of transaction {m.xid}, which was never streamed")
+        # The block right before it is what the server streamed at PREPARE (pgoutput takes
+        # every prepared transaction at PREPARE, whatever our plugins' filter_prepare says),
+        # unless it is the first: the server sends Stream Prepare only for a transaction it
+        # streamed before (for its memory limit), else Begin Prepare.
+        if self._pending is state and state.blocks == 1:
+            self._release_block()
+        remainder = state.block
+        state.block = None
+        if self._pending is state:
+            self._pending = None
         if m.gid in self._prepared:  # re-sent after a reconnect; we still hold the original
             for i in state.live:
                 self.members[i].call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
+            if remainder is not None:
+                remainder.close()
             self._close(state)
             return
         base = state.base
@@ -147,7 +194,12 @@ class Streams(Acknowledgement, Replay):
             view.prepare_time, view.prepare_lsn, view.is_prepared = (m.prepare_time,
                                                                      m.prepare_lsn, True)
         state.prepare_lsn = m.prepare_lsn
+        # A streaming member that takes it at PREPARE gets the rest and stream_prepare, as
+        # ReorderBufferStreamCommit does; one without two-phase callbacks, or whose
+        # filter_prepare declines, gets nothing now (decode.c's FilterPrepare): the rest,
+        # and stream_commit or stream_abort, at COMMIT or ROLLBACK PREPARED.
         streamers, state.live = state.live, []
+        taking = []
         for i in streamers:
             member = self.members[i]
             if member.ctx.twophase and not self._filters_prepare(member, base):
@@ -155,11 +207,21 @@ class Streams(Acknowledgement, Replay):
                     member.call("stream_abort", m.end_lsn, m.xid, self._view(state, i), None)
                     state.outcome_only.append(i)
                     continue
-                state.live.append(i)
-                member.call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
-                            m.prepare_lsn)
+                taking.append(i)
             else:
                 state.streamed_held.append(i)
+        if remainder is not None:
+            deferred = [i for i in taking if i in state.deferred]
+            if deferred:
+                self._replay_block(state, deferred, remainder)
+            if state.streamed_held:
+                state.remainder = remainder
+            else:
+                remainder.close()
+        for i in taking:
+            state.live.append(i)
+            self.members[i].call("stream_prepare", m.end_lsn, m.xid, self._view(state, i),
+                                 m.prepare_lsn)
         waiting, state.held = state.held, []
         two_phase = []
         for i in waiting:
@@ -176,7 +238,8 @@ class Streams(Acknowledgement, Replay):
             state.live += two_phase
         state.live += state.outcome_only
         self.relations.update(state.relations)
-        if not state.held:
-            self._close(state)
+        if not state.held and state.spool is not None:
+            state.spool.close()
+            state.spool = None
         self._prepared[m.gid] = state
         self._mark([*state.live, *state.skipped], m.end_lsn)

@@ -47,9 +47,7 @@ class TwoPhase(Transactions, Replay):
         for i in state.live:
             view = self._committed_view(state, i, m)
             self.members[i].call("commit_prepared", m.end_lsn, base.xid, view, m.commit_lsn)
-        for i in state.streamed_held:
-            view = self._committed_view(state, i, m)
-            self.members[i].call("stream_commit", m.end_lsn, base.xid, view, m.commit_lsn)
+        self._stream_commit_held(state, m)
         if state.held:
             ordinary = replace(base, final_lsn=m.commit_lsn, is_prepared=False)
             self._replay(state, state.held, ordinary, m.commit_lsn, prepared=False)
@@ -68,9 +66,7 @@ class TwoPhase(Transactions, Replay):
             view.end_lsn, view.commit_time = m.rollback_end_lsn, m.rollback_time
             self.members[i].call("rollback_prepared", m.rollback_end_lsn, state.base.xid, view,
                                  m.prepare_end_lsn, m.prepare_time)
-        for i in state.streamed_held:
-            self.members[i].call("stream_abort", m.rollback_end_lsn, state.base.xid,
-                                 self._view(state, i), None)
+        self._stream_abort_held(state, m.rollback_end_lsn)
         self._finish(state, m.rollback_end_lsn)
 
     def _unseen_prepared(self, xid: int, gid: str, lsn: LSN, *, committed: bool) -> TxnState:

@@ -23,6 +23,24 @@ from plugin_framework.protocol import LSN
 FastWriter = tuple[Member, Transaction, FastChange | None]
 
 
+@dataclass(eq=False)
+class Block:
+    """A stream block held back from the members that may decline the transaction at
+    PREPARE (``TxnState.deferred``): until the next message tells whether it is the
+    remainder the server streams at PREPARE (then a declining member gets it at COMMIT
+    PREPARED, and never at ROLLBACK PREPARED) or a block it streamed for its memory limit
+    (then every streaming member has it now, as in PostgreSQL)."""
+
+    spool: Spool
+    relations: dict[int, Relation]  # the definitions in force when the block started
+    start_lsn: LSN
+    stop_lsn: LSN = field(default_factory=LSN)
+    subxids: set[int] = field(default_factory=set)  # subtransactions with changes in it
+
+    def close(self) -> None:
+        self.spool.close()
+
+
 class PipelineError(Exception):
     """The stream cannot be delivered with the promised semantics."""
 
@@ -51,6 +69,20 @@ class TxnState:
     rollbacks: list[Callable[[], None]] = field(default_factory=list)
     aborted_subxids: set[int] = field(default_factory=set)
     in_block: list[int] = field(default_factory=list)  # members in the current stream block
+    # Streaming members that get no block before the next message (see Block): those
+    # without two-phase callbacks or with a filter_prepare, which may not take the
+    # transaction at PREPARE. They are in ``live`` too.
+    deferred: list[int] = field(default_factory=list)
+    block: Block | None = None  # the block being received or awaiting its verdict
+    blocks: int = 0  # Stream Starts received (the first block is never the remainder)
+    # it changed the catalog, as far as pgoutput tells (a TRUNCATE, a relation described
+    # again): its commit record then carries invalidations, which ReorderBufferCommit queues
+    # as a last change at the commit's LSN
+    catalog_changes: bool = False
+    remainder: Block | None = None  # the block streamed at PREPARE, for streamed_held
+    # subtransactions with changes in blocks the deferred members had: each gets its own
+    # stream_abort at ROLLBACK PREPARED, as ReorderBufferAbort does for a streamed subtxn
+    streamed_subxids: set[int] = field(default_factory=set)
     prepare_lsn: LSN | None = None
     block_lsn: LSN = field(default_factory=LSN)  # where the current stream block started
     # For an ordinary or prepared transaction with live members that have a fast_change
