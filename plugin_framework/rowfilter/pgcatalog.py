@@ -28,6 +28,8 @@ from plugin_framework.pgtypes.oids import (
     ANYNONARRAY,
     ANYRANGE,
 )
+from plugin_framework.rowfilter.casemap import CaseMap, cached, table_query
+from plugin_framework.rowfilter.errors import NotSupportedError
 
 FIRST_NORMAL_OBJECT_ID = 16384  # user-defined objects have OIDs from here (transam.h)
 
@@ -324,6 +326,39 @@ class TypeCatalog:
                 j.get("datlocale") or j.get("daticulocale"), True)
         return self._default_collation
 
+    def casemap(self, coll: CollationInfo) -> CaseMap:
+        """The server's case mapping under ``coll`` (lower, upper, initcap, ILIKE): read with
+        one query over every code point, once per process for each server version, locale
+        and collation version. Refused where it cannot be read or made exact."""
+        what = f'collation "{coll.name}" ({coll.ctype or coll.locale})'
+        (encoding,) = self._rows("SELECT getdatabaseencoding()::text")[0]
+        if encoding != "UTF8":
+            raise NotSupportedError(
+                f"pgdecode maps case for the \"C\" character classification only in a "
+                f"{encoding} database, not for {what}",
+                detail="The server's case mapping is read per Unicode code point, which "
+                       "needs a UTF8 database.",
+                hint='Use COLLATE "C" in the filter.')
+        if coll.oid == DEFAULT_COLLATION:
+            clause = ""
+            (version,) = self._rows(
+                "SELECT pg_database_collation_actual_version(oid) FROM pg_database "
+                "WHERE datname = current_database()")[0]
+        else:
+            clause = f"COLLATE {_ident(coll.namespace)}.{_ident(coll.name)}"
+            (version,) = self._rows("SELECT pg_collation_actual_version(%s)", (coll.oid,))[0]
+        locale = (coll.ctype if coll.provider == "c" else coll.locale) or ""
+        key = (self.server_version, coll.provider, locale, version)
+
+        def load() -> CaseMap:
+            rows = self._rows(table_query(clause))
+            return CaseMap.from_rows(coll.provider, locale, rows)
+
+        def server(function: str, s: str) -> str:
+            return str(self._rows(f"SELECT {function}(%s::text {clause})", (s,))[0][0])
+
+        return cached(key, load).bind(server)
+
     def collation_by_name(self, names: Sequence[str]) -> int | None:
         """The OID of a collation named in a COLLATE clause (for the database's encoding)."""
         if len(names) == 1:
@@ -359,6 +394,10 @@ class TypeCatalog:
         desc = pgconn.describe_prepared(name)
         _check(desc, encoding)
         return [(desc.ftype(i), desc.fmod(i)) for i in range(desc.nfields)]
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _check(result: Any, encoding: str) -> None:
