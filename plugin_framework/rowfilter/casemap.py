@@ -205,8 +205,8 @@ def table_query(collate_clause: str) -> str:
 
 
 def cached(key: tuple[object, ...], load: Callable[[], CaseMap]) -> CaseMap:
-    """The case map for ``key`` (server version, provider, locale, collation version),
-    loaded once per process."""
+    """The case map for ``key`` (server version and start, provider, locale, collation
+    version), loaded once per process."""
     cm = _CACHE.get(key)
     if cm is None:
         cm = _CACHE[key] = load()
