@@ -74,7 +74,8 @@ class Compiler:
             raise NotSupportedError(f"non-strict function {proc.name} is not supported by "
                                     "pgdecode's row filters")
         collation = self.cat.collation(node.input_collation) if node.input_collation else None
-        return factory(Ctx(proc, [a.rtype for a in args], node.rtype, collation))
+        return factory(Ctx(proc, [a.rtype for a in args], node.rtype, collation,
+                           self.cat.casemap))
 
     # --- leaves --------------------------------------------------------------------------------
 

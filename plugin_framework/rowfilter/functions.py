@@ -43,6 +43,7 @@ from plugin_framework.pgtypes.oids import (
     UUID,
     VARCHAR,
 )
+from plugin_framework.rowfilter.casemap import CaseMap
 from plugin_framework.rowfilter.errors import EvaluationError, NotSupportedError
 from plugin_framework.rowfilter.pgcatalog import CollationInfo, ProcInfo
 
@@ -57,6 +58,7 @@ class Ctx:
     argtypes: list[int]
     rettype: int
     collation: CollationInfo | None  # the input collation; None: not determinable
+    casemap: Callable[[CollationInfo], CaseMap] | None = None  # the server's, for a collation
 
 
 Factory = Callable[[Ctx], Fn]
@@ -655,9 +657,13 @@ def _needs_code_point_order(ctx: Ctx) -> None:
                               "comparison",
                               hint="Use the COLLATE clause to set the collation explicitly.")
     if not coll.code_point_order:
+        source = {"c": "the C library's strcoll", "i": "ICU's collator"}.get(
+            coll.provider, "the collation provider")
         raise NotSupportedError(
             f'pgdecode compares strings in code point order only, not in collation '
             f'"{coll.name}" ({coll.collate or coll.locale})',
+            detail=f"That collation's order comes from {source}, which pgdecode does not "
+                   "reproduce.",
             hint='Use COLLATE "C" in the filter, or a column whose collation is "C".')
 
 
@@ -672,16 +678,20 @@ def _needs_deterministic(ctx: Ctx) -> None:
                                 "by pgdecode's row filters")
 
 
-def _ascii_ctype(ctx: Ctx, what: str) -> None:
+def _case_mapping(ctx: Ctx, what: str) -> CaseMap | None:
+    """The server's case mapping under the call's collation; None for the "C" character
+    classification (ASCII letters only)."""
     coll = ctx.collation
     if coll is None:
         raise EvaluationError(f"could not determine which collation to use for {what}",
                               hint="Use the COLLATE clause to set the collation explicitly.")
-    if not coll.ascii_ctype:
+    if coll.ascii_ctype:
+        return None
+    if ctx.casemap is None:
         raise NotSupportedError(
-            f'pgdecode folds case for the "C" character classification only, not for '
-            f'collation "{coll.name}" ({coll.ctype or coll.locale})',
-            hint='Use COLLATE "C" in the filter.')
+            f'{what} under collation "{coll.name}" ({coll.ctype or coll.locale}) needs the '
+            "server's case mapping, and no catalog connection was given")
+    return ctx.casemap(coll)
 
 
 def _text_cmp(f: Callable[[Any, Any], bool], transform: Callable[[str], str] | None = None,
@@ -739,16 +749,35 @@ _LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
 _UPPER = {c: c - 32 for c in range(ord("a"), ord("z") + 1)}
 
 
+def ascii_initcap(s: str) -> str:
+    """initcap under the "C" character classification: ASCII letters and digits make words."""
+    out = []
+    was_alnum = False
+    for ch in s:
+        out.append((ch.lower() if was_alnum else ch.upper()) if ch.isascii() else ch)
+        was_alnum = ch.isascii() and ch.isalnum()
+    return "".join(out)
+
+
 @impl("lower")
 def _lower(ctx: Ctx) -> Fn:
-    _ascii_ctype(ctx, "lower() function")
-    return ascii_lower
+    cm = _case_mapping(ctx, "lower() function")
+    return ascii_lower if cm is None else cm.lower
 
 
 @impl("upper")
 def _upper(ctx: Ctx) -> Fn:
-    _ascii_ctype(ctx, "upper() function")
-    return ascii_upper
+    cm = _case_mapping(ctx, "upper() function")
+    return ascii_upper if cm is None else cm.upper
+
+
+@impl("initcap")
+def _initcap(ctx: Ctx) -> Fn:
+    cm = _case_mapping(ctx, "initcap() function")
+    if cm is None:
+        return ascii_initcap
+    cm.check_initcap()
+    return cm.initcap
 
 
 @simple("textlen")
@@ -958,7 +987,7 @@ def _bpchar_typmod(ctx: Ctx) -> Fn:
 
 # --- LIKE --------------------------------------------------------------------------------------
 
-def like_regex(pattern: str, fold: bool) -> re.Pattern[str]:
+def like_regex(pattern: str) -> re.Pattern[str]:
     """A LIKE pattern (backslash escapes) as a Python regular expression."""
     out = []
     i = 0
@@ -979,20 +1008,20 @@ def like_regex(pattern: str, fold: bool) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
-def _like(fold: bool, negate: bool, bytes_: bool = False) -> Fn:
+def _like(fold: Callable[[str], str] | None, negate: bool, bytes_: bool = False) -> Fn:
     cache: dict[Any, re.Pattern[Any]] = {}
 
     def like(s: Any, pattern: Any) -> bool:
         rx = cache.get(pattern)
         if rx is None:
             if bytes_:
-                text_rx = like_regex(pattern.decode("latin-1"), False)
+                text_rx = like_regex(pattern.decode("latin-1"))
                 rx = re.compile(text_rx.pattern.encode("latin-1"), re.DOTALL)
             else:
-                rx = like_regex(ascii_lower(pattern) if fold else pattern, fold)
+                rx = like_regex(fold(pattern) if fold else pattern)
             if len(cache) < 256:
                 cache[pattern] = rx
-        subject = ascii_lower(s) if fold else s
+        subject = fold(s) if fold else s
         return (rx.fullmatch(subject) is None) if negate else (rx.fullmatch(subject) is not None)
     return like
 
@@ -1000,35 +1029,42 @@ def _like(fold: bool, negate: bool, bytes_: bool = False) -> Fn:
 @impl("textlike", "namelike")
 def _textlike(ctx: Ctx) -> Fn:
     _needs_deterministic(ctx)
-    return _like(False, False)
+    return _like(None, False)
 
 
 @impl("textnlike", "namenlike")
 def _textnlike(ctx: Ctx) -> Fn:
     _needs_deterministic(ctx)
-    return _like(False, True)
+    return _like(None, True)
+
+
+def _ilike_fold(ctx: Ctx) -> Callable[[str], str]:
+    """ILIKE in a UTF-8 database is LIKE over lower() of both sides (like.c)."""
+    cm = _case_mapping(ctx, "ILIKE")
+    if cm is None:
+        return ascii_lower
+    _needs_deterministic(ctx)
+    return cm.lower
 
 
 @impl("texticlike", "nameiclike")
 def _texticlike(ctx: Ctx) -> Fn:
-    _ascii_ctype(ctx, "ILIKE")
-    return _like(True, False)
+    return _like(_ilike_fold(ctx), False)
 
 
 @impl("texticnlike", "nameicnlike")
 def _texticnlike(ctx: Ctx) -> Fn:
-    _ascii_ctype(ctx, "ILIKE")
-    return _like(True, True)
+    return _like(_ilike_fold(ctx), True)
 
 
 @simple("bytealike")
 def _bytealike(s: bytes, p: bytes) -> bool:
-    return bool(_like(False, False, True)(s, p))
+    return bool(_like(None, False, True)(s, p))
 
 
 @simple("byteanlike")
 def _byteanlike(s: bytes, p: bytes) -> bool:
-    return bool(_like(False, True, True)(s, p))
+    return bool(_like(None, True, True)(s, p))
 
 
 @simple("like_escape")

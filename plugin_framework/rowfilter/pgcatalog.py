@@ -28,6 +28,8 @@ from plugin_framework.pgtypes.oids import (
     ANYNONARRAY,
     ANYRANGE,
 )
+from plugin_framework.rowfilter.casemap import CaseMap, cached, table_query
+from plugin_framework.rowfilter.errors import NotSupportedError
 
 FIRST_NORMAL_OBJECT_ID = 16384  # user-defined objects have OIDs from here (transam.h)
 
@@ -148,6 +150,7 @@ class TypeCatalog:
         self._functions: dict[tuple[str, int, str | None], list[ProcInfo]] = {}
         self._collations: dict[int, CollationInfo] = {}
         self._default_collation: CollationInfo | None = None
+        self._casemaps: dict[int, CaseMap] = {}
 
     @classmethod
     def connect(cls, conninfo: str) -> TypeCatalog:
@@ -324,6 +327,45 @@ class TypeCatalog:
                 j.get("datlocale") or j.get("daticulocale"), True)
         return self._default_collation
 
+    def casemap(self, coll: CollationInfo) -> CaseMap:
+        """The server's case mapping under ``coll`` (lower, upper, initcap, ILIKE), read with
+        one query over every code point. Kept for the process per server start, server
+        version, provider, locale and collation version (C.UTF-8 has none: a server restarted
+        after a C library upgrade is read again). Refused where it cannot be read."""
+        mine = self._casemaps.get(coll.oid)
+        if mine is not None:
+            return mine
+        if coll.oid == DEFAULT_COLLATION:
+            clause = ""
+            version_sql = ("(SELECT pg_database_collation_actual_version(oid) FROM pg_database "
+                           "WHERE datname = current_database())")
+        else:
+            clause = f"COLLATE {_ident(coll.namespace)}.{_ident(coll.name)}"
+            version_sql = f"pg_collation_actual_version({coll.oid})"
+        encoding, started, version = self._rows(
+            "SELECT getdatabaseencoding()::text, pg_postmaster_start_time()::text, "
+            f"{version_sql}")[0]
+        if encoding != "UTF8":
+            raise NotSupportedError(
+                f"pgdecode maps case for the \"C\" character classification only in a "
+                f'{encoding} database, not for collation "{coll.name}" '
+                f"({coll.ctype or coll.locale})",
+                detail="The server's case mapping is read per Unicode code point, which "
+                       "needs a UTF8 database.",
+                hint='Use COLLATE "C" in the filter.')
+        locale = (coll.ctype if coll.provider == "c" else coll.locale) or ""
+        key = (self.server_version, started, coll.provider, locale, version)
+
+        def load() -> CaseMap:
+            rows = self._rows(table_query(clause))
+            return CaseMap.from_rows(coll.provider, locale, rows)
+
+        def server(function: str, s: str) -> str:
+            return str(self._rows(f"SELECT {function}(%s::text {clause})", (s,))[0][0])
+
+        mine = self._casemaps[coll.oid] = cached(key, load).bind(server)
+        return mine
+
     def collation_by_name(self, names: Sequence[str]) -> int | None:
         """The OID of a collation named in a COLLATE clause (for the database's encoding)."""
         if len(names) == 1:
@@ -359,6 +401,10 @@ class TypeCatalog:
         desc = pgconn.describe_prepared(name)
         _check(desc, encoding)
         return [(desc.ftype(i), desc.fmod(i)) for i in range(desc.nfields)]
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _check(result: Any, encoding: str) -> None:
