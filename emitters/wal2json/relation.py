@@ -10,6 +10,7 @@ from typing import Final
 
 import orjson
 
+from emitters.wal2json.history import AttributeRow, place_columns
 from emitters.wal2json.state import Col, Converter, Rel, State
 from plugin_framework.framework import Relation, Row
 from plugin_framework.pgtypes import TYPNAMES, format_type_sql, oids
@@ -68,22 +69,24 @@ def _json_type(type_str: str, arrays_escaped: bool = True) -> bytes:
 # --- what the catalog knows about a table ------------------------------------------------------
 
 _COLUMNS_SQL: Final = """
-SELECT a.attname, a.attnum, a.attnotnull,
+SELECT a.attnum, a.attnotnull,
        CASE WHEN a.atthasdef AND a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END,
-       t.typtype = 'd', t.typbasetype, t.typname, format_type(a.atttypid, a.atttypmod),
-       bt.typname, format_type(t.typbasetype, t.typtypmod),
+       coalesce(t.typtype = 'd', false), t.typbasetype, t.typname,
+       format_type(a.atttypid, a.atttypmod), bt.typname, format_type(t.typbasetype, t.typtypmod),
        EXISTS (SELECT FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary
-               AND a.attnum = ANY (i.indkey))
+               AND a.attnum = ANY (i.indkey)),
+       a.attname, a.atttypid, a.attisdropped, a.attgenerated <> ''
 FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type bt ON bt.oid = t.typbasetype
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-WHERE a.attrelid = {relid} AND a.attnum > 0 AND NOT a.attisdropped /* read {generation} */
+WHERE a.attrelid = {relid} AND a.attnum > 0 /* read {generation} */
 """
-
 
 @dataclass(frozen=True, slots=True)
 class _CatalogColumn:
+    """A live column's row as today's catalog has it (dropped columns are not kept)."""
+
     attnum: int
     not_null: bool
     default: str | None
@@ -162,6 +165,37 @@ def table_selected(st: State, schema: str, table: str) -> bool:
             and any(t.matches(schema, table) for t in st.add_tables))
 
 
+def _warn_unknown(st: State, rel: Relation, placed: Sequence[AttributeRow | None],
+                  non_builtin: bool, gone: bool) -> None:
+    """Warn, once per table and option, where a value wal2json reads from the historic
+    catalog cannot be had from today's: the column was dropped since, could not be placed
+    (history.py), or the table is gone. The value printed is then the default (position 0,
+    optional true, default null, the type from pgoutput, no pk column)."""
+    wanted = {
+        "include-column-positions": st.include_column_positions,
+        "include-not-null": st.include_not_null,
+        "include-default": st.include_default,
+        "include-domain-data-type": st.include_domain_data_type,
+        "include-types": st.include_types and non_builtin,
+        "include-pk": (st.include_pk and st.version == 2 and rel.replica_identity != "d"),
+    }
+    for option, on in wanted.items():
+        if not on:
+            continue
+        unknown = [c.name for c, at in zip(rel.columns, placed, strict=True)
+                   if (at is None or (at.dropped and option != "include-column-positions"))
+                   and (option != "include-types" or c.type_oid not in TYPNAMES)]
+        if not unknown or (rel.relation_id, option) in st.warned:
+            continue
+        st.warned.add((rel.relation_id, option))
+        why = ("the table no longer exists" if gone else
+               "they were dropped or renamed (and could not be told apart) since the change")
+        log.warning('wal2json: %s: table "%s"."%s": today\'s catalog does not say what '
+                    "column(s) %s were when the change was made (%s): printed without the "
+                    "historic value (docs/emitters-wal2json.md, \"The catalog\")",
+                    option, rel.namespace, rel.name, ", ".join(unknown), why)
+
+
 def compile_relation(st: State, rel: Relation) -> Rel:
     """Everything about a table that wal2json prints the same way for every row."""
     schema, table = rel.namespace, rel.name
@@ -171,20 +205,34 @@ def compile_relation(st: State, rel: Relation) -> Rel:
     # Under REPLICA IDENTITY DEFAULT the key columns are the primary key's (none: no key).
     default_identity = rel.replica_identity == "d"
     default_pk = default_identity and bool(key)
-    info: dict[str, _CatalogColumn] = {}
     non_builtin = any(c.type_oid not in TYPNAMES for c in rel.columns)
     needs_catalog = (st.include_not_null or st.include_default or st.include_domain_data_type
                      or st.include_column_positions
                      or (st.include_pk and st.version == 2 and not default_identity)
                      or (st.include_types and non_builtin))
+    # For each column: its live row today (None: dropped, or not placed), and its attnum
+    # (None: not placed; see history.py).
+    cats: list[_CatalogColumn | None] = [None] * len(rel.columns)
+    attnums: list[int | None] = [None] * len(rel.columns)
     if needs_catalog and st.catalog is not None:
         # Catalog.query caches by query text: the generation makes a new Relation message
         # read the catalog again. The OID is inlined because Catalog.check_read_only parses
         # the text before parameters are bound, and so rejects %s placeholders.
         st.generation += 1
         sql = _COLUMNS_SQL.format(relid=int(rel.relation_id), generation=st.generation)
+        live: dict[int, _CatalogColumn] = {}
+        rows: list[AttributeRow] = []
         for row in st.catalog.query(sql):
-            info[row[0]] = _CatalogColumn(*row[1:])
+            at = AttributeRow(row[0], row[10], row[11], row[12], row[13])
+            rows.append(at)
+            if not at.dropped:
+                live[at.attnum] = _CatalogColumn(*row[:10])
+        placed = place_columns([(c.name, c.type_oid) for c in rel.columns], rows)
+        for i, spot in enumerate(placed):
+            if spot is not None:
+                attnums[i] = spot.attnum
+                cats[i] = live.get(spot.attnum)
+        _warn_unknown(st, rel, placed, non_builtin, gone=not rows)
     elif st.include_types and non_builtin:
         log.warning('wal2json: no catalog: the types of table "%s"."%s" that are not built in '
                     "are named from pgoutput's Type messages (a domain shows as its base "
@@ -194,7 +242,7 @@ def compile_relation(st: State, rel: Relation) -> Rel:
     if st.version == 2 and st.include_pk:
         if default_identity:
             pk = key or None
-        elif not info:
+        elif st.catalog is None:
             identity = _IDENTITY_NAMES.get(rel.replica_identity, rel.replica_identity)
             raise ValueError(
                 f'include-pk: table "{schema}"."{table}" has REPLICA IDENTITY {identity}, so '
@@ -202,12 +250,11 @@ def compile_relation(st: State, rel: Relation) -> Rel:
                 "connection for catalog lookups"
             )
         else:
-            pk = [i for i, c in enumerate(rel.columns) if info[c.name].in_pk] or None
+            pk = [i for i, cat in enumerate(cats) if cat is not None and cat.in_pk] or None
 
     ht, nl, sp = st.ht, st.nl, st.sp
     cols: list[Col] = []
-    for c in rel.columns:
-        cat = info.get(c.name)
+    for c, cat, attnum in zip(rel.columns, cats, attnums, strict=True):
         name = escape_json(c.name)
         type_oid = c.type_oid
         # the type names, with and without typmod, of the column and of a domain's base type
@@ -247,7 +294,7 @@ def compile_relation(st: State, rel: Relation) -> Rel:
             after += b',"optional":false' if cat is not None and cat.not_null else (
                 b',"optional":true')
         if st.include_column_positions:
-            after += b',"position":%d' % (cat.attnum if cat is not None else 0)
+            after += b',"position":%d' % (attnum or 0)
         default = None if cat is None else cat.default
         if st.include_default:
             after += b',"default":' + (b"null" if default is None
@@ -256,7 +303,7 @@ def compile_relation(st: State, rel: Relation) -> Rel:
             name=name, convert=v1_convert if st.version == 1 else _converter(st, type_oid),
             v1_type=v1_type, v1_pk_type=v1_pk_type, v1_oid=b"%d" % v1_oid,
             v2_change=(before, after + b"}"), v2_identity=before, v2_pk=v2_pk,
-            v1_position=b"%d" % (cat.attnum if cat is not None else 0),
+            v1_position=b"%d" % (attnum or 0),
             v1_optional=b"false" if cat is not None and cat.not_null else b"true",
             v1_default=b"null" if default is None else b'"' + default.encode() + b'"',
         ))

@@ -107,6 +107,7 @@ class State:
         self.nr_changes = 0  # wal2json's counter: changes and messages of the transaction
         self.rels: dict[int, Rel] = {}
         self.generation = 0
+        self.warned: set[tuple[int, str]] = set()  # (table, option) warned of (relation.py)
         self.txn_fields = b""  # v2: ,"xid":..,"timestamp":..,"origin":.. of the transaction
         self.v1_parts: list[bytes] = []  # v1 without chunks: the document being built
         self.held: Spool | None = None  # output awaiting the commit (include-lsn)
