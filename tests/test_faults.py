@@ -330,6 +330,64 @@ def test_two_phase_plugin_gets_commit_prepared_after_restart(db: Any, env: dict[
                       ("commit_prepared", "pending")]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("before,after", [("probe", "probe-2pc"), ("probe-2pc", "probe")],
+                         ids=["two-phase-switched-on", "two-phase-switched-off"])
+def test_switching_two_phase_for_a_file_is_refused(db: Any, env: dict[str, str],
+                                                   tmp_path: Path, before: str,
+                                                   after: str) -> None:
+    """A file written with prepared transactions taken one way, resumed with a plugin that
+    takes them the other way, while one is pending (#14, item 8): switched on, the PREPARE
+    the earlier run held back lies before the file's resume LSN and was dropped; switched
+    off, the server sends only the COMMIT PREPARED of one the file has at PREPARE. Refused
+    before anything is touched; the earlier setting then finishes it exactly once."""
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_sw"
+    out = tmp_path / "out"
+    progress = Path(f"{out}.progress")
+    stderr = tmp_path / "stderr"
+
+    def command(emitter: str) -> list[str]:
+        return ["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub",
+                "--emitter", emitter, "-f", str(out), "--status-interval", "0.2"]
+
+    proc = start_cli([*command(before), "--create-slot", "--two-phase"], env=env,
+                     stderr_path=stderr)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, slot), what="slot created")
+        small_transactions(db.conninfo, 1, 5)
+        with db.connect(autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t SELECT g, 'prepared' FROM generate_series(-10, -1) g")
+            conn.execute("PREPARE TRANSACTION 'pending'")
+        small_transactions(db.conninfo, 10, 5)
+        end = current_lsn(db.conninfo)
+        wait_for(lambda: progress.exists()
+                 and LSN(json.loads(progress.read_text())["lsn"]) >= end,
+                 what="the later transactions in the file")
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    wait_slot_inactive(db.conninfo, slot)
+    kept = (out.read_bytes(), progress.read_text())
+
+    result = run_cli(command(after), env=env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "was written with prepared transactions delivered" in result.stderr
+    assert "Nothing was written" in result.stderr
+    assert (out.read_bytes(), progress.read_text()) == kept
+
+    wait_slot_inactive(db.conninfo, slot)
+    proc = start_cli(command(before), env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active"), what="restart")
+        query(db.conninfo, "COMMIT PREPARED 'pending'")
+        small_transactions(db.conninfo, 20, 5)
+        wait_for_ack(db.conninfo, slot, current_lsn(db.conninfo))
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    check_exactly_once(db.conninfo, read_lines(out))
+
+
 # --- 3: the server restarted under the stream --------------------------------------------------
 
 

@@ -45,6 +45,11 @@ def new_record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:
     return record
 
 
+def _delivered(two_phase: bool) -> str:
+    return ("at PREPARE (two-phase on)" if two_phase
+            else "whole at COMMIT PREPARED (two-phase off)")
+
+
 _BUFFER = 1 << 20  # FileOutput's write buffer for regular files
 
 
@@ -133,6 +138,7 @@ class FileOutput:
         self._open_streams: list[int] = []
         self._marked_streams: list[int] = []
         self.resume_open_streams: list[int] = []
+        self._two_phase: bool | None = None  # prepared transactions went in at PREPARE
         self._failed: str | None = None  # why the output can no longer be made durable
         self._repair: tuple[bool, int] | None = None  # (new file, durable size) until used
         self._durable_size = 0
@@ -209,6 +215,9 @@ class FileOutput:
             state = json.loads(self._progress.read_text())
             self.resume_lsn = LSN(state["lsn"])
             self._slot = state.get("slot")
+            self._two_phase = state.get("two_phase")
+            if self._two_phase is not None and type(self._two_phase) is not bool:
+                raise ValueError(f"two_phase is {self._two_phase!r}, not true or false")
             self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
             size = state["size"]
             if type(size) is not int or size < 0:
@@ -271,10 +280,17 @@ class FileOutput:
         self._ready()
         return self._file.write(data)
 
-    def claim(self, slot: str) -> None:
-        """Bind the file to the slot whose stream it holds. Resuming skips the transactions
-        the file already has by their LSNs, which only means something for that slot: a
-        file written from another slot is refused rather than silently skipping changes."""
+    def claim(self, slot: str, two_phase: bool | None = None) -> None:
+        """Bind the file to the slot whose stream it holds, and to how its plugin takes
+        prepared transactions (``two_phase``: at PREPARE, or whole at COMMIT PREPARED).
+
+        Resuming skips the transactions the file already has by their LSNs, which only means
+        something for that slot: a file written from another slot is refused rather than
+        silently skipping changes. It also only means something for the same handling of
+        prepared transactions: a PREPARE the earlier run held back (not written) lies before
+        the resume LSN and would be skipped, and one it wrote at PREPARE cannot be written
+        again whole at COMMIT PREPARED (the server then sends only the COMMIT PREPARED). A
+        switch is refused; a file recorded without the setting (older pgdecode) takes it."""
         if self._progress is None:
             return
         if self._slot is not None and self._slot != slot:
@@ -283,9 +299,22 @@ class FileOutput:
                 f'"{self._slot}", not "{slot}": write this slot\'s changes to another file '
                 "(pgdecode resumes a file only from the slot that wrote it)"
             )
+        if (two_phase is not None and self._two_phase is not None
+                and two_phase != self._two_phase and self.resume_lsn):
+            raise OutputError(
+                f"{self._path} was written with prepared transactions delivered "
+                f"{_delivered(self._two_phase)}, and this run would deliver them "
+                f"{_delivered(two_phase)}: transactions prepared before the switch would be "
+                "lost or never completed. Nothing was written. Run with the earlier setting "
+                "for this file; to switch, stream a new slot to a new file with the new "
+                f'setting, and retire "{slot}" once the new file has caught up'
+            )
         self._ready()
-        if self._slot is None:
-            self._slot = slot
+        record = self._slot is None or (two_phase is not None and self._two_phase is None)
+        self._slot = slot
+        if two_phase is not None:
+            self._two_phase = two_phase
+        if record:
             self._save_progress(self.durable_lsn, self._marked_size)
 
     def write(self, record: OutputRecord) -> None:
@@ -404,6 +433,8 @@ class FileOutput:
         state: dict[str, Any] = {"lsn": str(lsn), "size": size}
         if self._slot is not None:
             state["slot"] = self._slot
+        if self._two_phase is not None:
+            state["two_phase"] = self._two_phase
         if self._marked_streams:
             state["open_streams"] = self._marked_streams
         with open(tmp, "w") as f:

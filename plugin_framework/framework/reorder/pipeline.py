@@ -118,14 +118,6 @@ class Pipeline(Streams, TwoPhase):
         ``ctx.twophase`` there to receive streamed or prepared transactions whole, at commit
         (as ``ctx->streaming &= ...`` does in C)."""
         self._started = True
-        if self.slot_name is not None:
-            # An output resumed after a restart skips what it holds; that is only right for
-            # the stream that wrote it.
-            for m in self.members:
-                claim = getattr(m.ctx.output, "claim", None)
-                if claim is not None:
-                    claim(self.slot_name)
-        self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
         for m in self.members:
             m.ctx.streaming = m.plugin.streaming
             m.ctx.twophase = m.plugin.two_phase
@@ -133,6 +125,14 @@ class Pipeline(Streams, TwoPhase):
                 m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
             m.ctx.streaming = m.ctx.streaming and m.plugin.streaming
             m.ctx.twophase = m.ctx.twophase and m.plugin.two_phase
+        if self.slot_name is not None:
+            # An output resumed after a restart skips what it holds; that is only right for
+            # the stream that wrote it, with prepared transactions taken the same way.
+            for m in self.members:
+                claim = getattr(m.ctx.output, "claim", None)
+                if claim is not None:
+                    claim(self.slot_name, two_phase=m.ctx.twophase)
+        self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
         for m in self.members:
             # Streams the output had blocks of, unfinished, when it was last durable: the
             # server streams them again from their start. Abort the old blocks first, as
