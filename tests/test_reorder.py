@@ -14,7 +14,6 @@ and restarts of every kind of transaction at once: tests/test_reorder_recovery.p
 from __future__ import annotations
 
 import fcntl
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,7 +45,6 @@ from scripted import (
     emitting,
     events,
     feed,
-    file_events,
     ins,
     msg,
     nontx,
@@ -57,7 +55,7 @@ from scripted import (
     upd,
 )
 
-from plugin_framework import LSN, FileOutput, Pipeline, PipelineError
+from plugin_framework import LSN, Pipeline, PipelineError
 
 # --- the cases of tests/test_delivery_edges.py -----------------------------------------------
 
@@ -190,41 +188,6 @@ def test_commit_of_a_transaction_prepared_before_this_pipeline_is_refused_for_ot
         run(wal.items[start:], Rec(), TwoPhaseRec())
     [alone] = run(wal.items[start:], TwoPhaseRec())  # a two-phase plugin alone takes it
     assert alone == [("commit_prepared", 740, "done", int(cp))]
-
-
-def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(tmp_path: Path) -> None:
-    """Run 1 holds a prepared transaction for an ordinary plugin and acknowledges only up to
-    its PREPARE, while its file is durable past a later commit. Run 2 resumes that file; the
-    server sends the prepared transaction again, and until its PREPARE is back in hand the
-    acknowledgement must not pass where run 1's stopped."""
-    wal = Wal()
-    wal.table("t", "id")
-    prepare_lsn, _ = wal.prepared(750, "pending", ins("t", "1"))
-    c2, _ = wal.txn(751, ins("t", "2"))
-    path = tmp_path / "out"
-
-    def run_once() -> tuple[Pipeline, list[LSN]]:
-        p = Pipeline(proto_version=4)
-        p.add(Rec(), output=FileOutput(str(path)))
-        p.startup()
-        acks = []
-        for data, lsn in wal.items:
-            p.feed(data, lsn)
-            acks.append(p.flush())
-        return p, acks
-
-    first, acks = run_once()
-    assert first.in_flight  # 'pending' is held
-    stop = acks[-1]
-    assert stop <= prepare_lsn  # else the server would not send the PREPARE again
-    died(first)
-    second, acks = run_once()  # the server sends from `stop`: the same messages again
-    assert max(acks) <= stop
-    cp, _ = wal.commit_prepared(750, "pending")
-    feed(second, wal.items[-1:])
-    second.flush()
-    # 751 committed first; 750 reaches the ordinary plugin at COMMIT PREPARED, once.
-    assert file_events(path) == [*wal.ordinary(751, c2), *wal.ordinary(750, cp)]
 
 
 def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kept_once() -> None:

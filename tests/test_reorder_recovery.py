@@ -6,6 +6,7 @@ the memory limit, wherever the process dies."""
 from __future__ import annotations
 
 import fcntl
+import shutil
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -155,7 +156,10 @@ def test_a_restart_from_the_files_delivers_everything_once(tmp_path: Path, crash
     directory = tmp_path / f"crash-{crash}"
     directory.mkdir(exist_ok=True)
     for f in directory.iterdir():
-        f.unlink()
+        if f.is_dir():
+            shutil.rmtree(f)  # a hold directory
+        else:
+            f.unlink()
     paths = [directory / f"out{i}" for i in range(len(BIG_BASELINE))]
 
     def start() -> Pipeline:

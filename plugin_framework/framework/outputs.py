@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, Protocol
 
 from plugin_framework._frozen import frozen_setters, new_object
+from plugin_framework.framework.hold import HoldStore
 from plugin_framework.protocol import LSN
 
 
@@ -142,6 +143,8 @@ class FileOutput:
         self._failed: str | None = None  # why the output can no longer be made durable
         self._repair: tuple[bool, int] | None = None  # (new file, durable size) until used
         self._durable_size = 0
+        # prepared transactions held for the plugin until their outcome (hold.py)
+        self.hold: HoldStore | None = None
         if isinstance(target, str | os.PathLike):
             if os.fspath(target) == "-":
                 self._file: IO[bytes] = sys.stdout.buffer
@@ -154,6 +157,7 @@ class FileOutput:
             else:
                 self._path = path
                 self._progress = path.with_name(path.name + ".progress")
+                self.hold = HoldStore(path.with_name(path.name + ".hold"))
                 fd = self._open_locked(path)
                 try:
                     size = self._resume(path)
@@ -384,6 +388,8 @@ class FileOutput:
                 self._fail(failed, what=f"{self._progress} (where its progress is recorded)")
             self._durable_size = self._marked_size
         self.durable_lsn = self._marked
+        if self.hold is not None:
+            self.hold.release(self.durable_lsn)
         return self.durable_lsn
 
     def _fail(self, reason: str, what: str | None = None) -> NoReturn:

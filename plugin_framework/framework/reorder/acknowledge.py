@@ -41,15 +41,23 @@ class Acknowledgement(ReorderBufferState):
         # needs may lie between (the server sends it again, and only its PREPARE caps).
         lsn = min(lsn, self._position)
         for state in self._prepared.values():
-            if (state.held or state.streamed_held) and state.prepare_lsn is not None:
+            if self._unstored(state) and state.prepare_lsn is not None:
                 lsn = min(lsn, state.prepare_lsn)
         return lsn
 
+    def _unstored(self, state: TxnState) -> bool:
+        """Whether a member awaits this prepared transaction with no entry of its output
+        holding it (holding.py): the acknowledgement must then stay at its PREPARE."""
+        entries = state.entries
+        return any(i not in entries for i in state.held) or any(
+            i not in entries for i in state.streamed_held)
+
     @property
     def in_flight(self) -> bool:
-        """True while a transaction is open, streamed, or prepared and awaited by a plugin."""
+        """True while a transaction is open, streamed, or prepared and awaited by a plugin
+        whose output does not hold it durably."""
         return (self._txn is not None or bool(self._streams)
-                or any(s.held or s.streamed_held for s in self._prepared.values()))
+                or any(self._unstored(s) for s in self._prepared.values()))
 
     @property
     def position(self) -> LSN:

@@ -133,12 +133,15 @@ class Pipeline(Streams, TwoPhase):
                 if claim is not None:
                     claim(self.slot_name, two_phase=m.ctx.twophase)
         self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
-        for m in self.members:
+        self._restore_held()
+        for i, m in enumerate(self.members):
             # Streams the output had blocks of, unfinished, when it was last durable: the
             # server streams them again from their start. Abort the old blocks first, as
-            # reset() does after a lost connection.
+            # reset() does after a lost connection. (Not those of a prepared transaction it
+            # holds: the server does not send that again, its rest is in the entry.)
+            holding = {s.base.xid for s in self._prepared.values() if i in s.streamed_held}
             for xid in getattr(m.ctx.output, "resume_open_streams", ()):
-                if m.plugin.has("stream_abort"):
+                if xid not in holding and m.plugin.has("stream_abort"):
                     m.call("stream_abort", LSN(0), xid,
                            Transaction(xid, is_streamed=True), None)
 

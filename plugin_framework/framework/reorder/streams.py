@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from plugin_framework.framework.model import Transaction
-from plugin_framework.framework.reorder.acknowledge import Acknowledgement
+from plugin_framework.framework.reorder.holding import Holding
 from plugin_framework.framework.reorder.replay import Replay
 from plugin_framework.framework.reorder.txn import Block, PipelineError, TxnState
 from plugin_framework.framework.spool import Spool
@@ -31,12 +31,15 @@ from plugin_framework.protocol import (
 )
 
 
-class Streams(Acknowledgement, Replay):
+class Streams(Holding, Replay):
     """The stream messages, and the items (changes, truncates, messages) of a block."""
 
     def _on_stream_start(self, m: StreamStart, lsn: LSN, raw: bytes | None) -> None:
         state = self._streams.get(m.xid)
         if state is None:
+            restored = self._restored(xid=m.xid) if m.first_segment else None
+            if restored is not None:
+                self._drop_restored(restored)  # streamed again: take the new copy
             if not m.first_segment:
                 raise PipelineError(
                     f"stream of transaction {m.xid} continues, but its first segment was "
@@ -242,4 +245,5 @@ class Streams(Acknowledgement, Replay):
             state.spool.close()
             state.spool = None
         self._prepared[m.gid] = state
-        self._mark([*state.live, *state.skipped], m.end_lsn)
+        self._store_held(state, m.end_lsn)
+        self._mark([*state.live, *state.skipped, *state.entries], m.end_lsn)

@@ -6,13 +6,13 @@ transaction that was not streamed). Also the json-style fast path for their row 
 from __future__ import annotations
 
 from plugin_framework.framework.model import Change, Transaction
-from plugin_framework.framework.reorder.acknowledge import Acknowledgement
+from plugin_framework.framework.reorder.holding import Holding
 from plugin_framework.framework.reorder.txn import FastWriter, PipelineError, TxnState
 from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import LSN, Begin, BeginPrepare, Commit, Delete, Insert, Update
 
 
-class Transactions(Acknowledgement):
+class Transactions(Holding):
     """BEGIN, BEGIN PREPARE and COMMIT."""
 
     def _on_begin(self, m: Begin, lsn: LSN, raw: bytes | None) -> None:
@@ -20,6 +20,9 @@ class Transactions(Acknowledgement):
                                first_lsn=lsn))
 
     def _on_begin_prepare(self, m: BeginPrepare, lsn: LSN, raw: bytes | None) -> None:
+        restored = self._prepared.get(m.gid)
+        if restored is not None and restored.restored:
+            self._drop_restored(restored)  # the server sends it again: take the new copy
         self._open(Transaction(m.xid, final_lsn=m.prepare_lsn, end_lsn=m.end_lsn, gid=m.gid,
                                prepare_time=m.prepare_time, prepare_lsn=m.prepare_lsn,
                                is_prepared=True, first_lsn=lsn))

@@ -33,11 +33,17 @@ class TwoPhase(Transactions, Replay):
             self._close(state)
             return
         self._prepared[m.gid] = state
-        self._mark([*state.live, *state.skipped], m.end_lsn)
+        if state.held:
+            # Replayed at COMMIT PREPARED, after later transactions may have described its
+            # tables anew: keep the definitions its changes were made with.
+            for relid, rel in self.relations.items():
+                state.replay_relations.setdefault(relid, rel)
+        self._store_held(state, m.end_lsn)
+        self._mark([*state.live, *state.skipped, *state.entries], m.end_lsn)
         state.live += state.outcome_only  # from now on, they wait for the outcome too
 
     def _on_commit_prepared(self, m: CommitPrepared, lsn: LSN, raw: bytes | None) -> None:
-        state = self._prepared.pop(m.gid, None)
+        state = self._outcome_of(m.gid, m.xid, m.end_lsn)
         if state is None:
             state = self._unseen_prepared(m.xid, m.gid, m.commit_lsn, committed=True)
         base = state.base
@@ -54,7 +60,7 @@ class TwoPhase(Transactions, Replay):
         self._finish(state, m.end_lsn)
 
     def _on_rollback_prepared(self, m: RollbackPrepared, lsn: LSN, raw: bytes | None) -> None:
-        state = self._prepared.pop(m.gid, None)
+        state = self._outcome_of(m.gid, m.xid, m.rollback_end_lsn)
         if state is None:
             state = self._unseen_prepared(m.xid, m.gid, LSN(m.rollback_end_lsn - 1),
                                           committed=False)
@@ -68,6 +74,19 @@ class TwoPhase(Transactions, Replay):
                                  m.prepare_end_lsn, m.prepare_time)
         self._stream_abort_held(state, m.rollback_end_lsn)
         self._finish(state, m.rollback_end_lsn)
+
+    def _outcome_of(self, gid: str, xid: int, end_lsn: LSN) -> TxnState | None:
+        """The prepared transaction a COMMIT or ROLLBACK PREPARED ends (None: never seen),
+        its entries recorded as delivered. A restored one of another xid had its outcome
+        delivered before its gid was used again (an entry a crash left behind)."""
+        state = self._prepared.pop(gid, None)
+        if state is not None and state.base.xid != xid and state.restored:
+            self._record_outcome(state, LSN(0))
+            self._close(state)
+            state = None
+        if state is not None:
+            self._record_outcome(state, end_lsn)
+        return state
 
     def _unseen_prepared(self, xid: int, gid: str, lsn: LSN, *, committed: bool) -> TxnState:
         """COMMIT/ROLLBACK PREPARED of a transaction whose PREPARE this pipeline never saw

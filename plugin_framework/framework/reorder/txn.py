@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from plugin_framework.framework.context import FastChange
 from plugin_framework.framework.model import Relation, Transaction
@@ -85,6 +86,9 @@ class TxnState:
     streamed_subxids: set[int] = field(default_factory=set)
     prepare_lsn: LSN | None = None
     block_lsn: LSN = field(default_factory=LSN)  # where the current stream block started
+    # held members (held, streamed_held) whose output holds it durably: their entry (hold.py)
+    entries: dict[int, Path] = field(default_factory=dict)
+    restored: bool = False  # taken from the outputs' entries when the pipeline started
     # For an ordinary or prepared transaction with live members that have a fast_change
     # callback: per relation id, each live member with its view and its formatter, or None
     # when no live member has a formatter for that relation.
