@@ -445,22 +445,22 @@ class LocalCluster:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGQUIT)
 
-    def _pg_ctl_stop(self, mode: str) -> None:
+    def _pg_ctl_stop(self, mode: str, timeout: int = STOP_TIMEOUT) -> None:
         self._run(
             [self._tool("pg_ctl"), "stop", "-D", str(self.datadir), "-m", mode, "-w",
-             "-t", str(STOP_TIMEOUT)],
-            STOP_TIMEOUT + 15, f"stopping PostgreSQL {self.major_version} ({mode})",
+             "-t", str(timeout)],
+            timeout + 15, f"stopping PostgreSQL {self.major_version} ({mode})",
         )
 
-    def stop(self, mode: str = "fast") -> None:
+    def stop(self, mode: str = "fast", timeout: int = STOP_TIMEOUT) -> None:
         """Stop the server (``smart``, ``fast`` or ``immediate``); nothing to do if it is not
-        running."""
+        running. ``timeout``: seconds pg_ctl waits for it to stop (ClusterError after)."""
         if mode not in ("smart", "fast", "immediate"):
             raise ValueError(f"unknown shutdown mode {mode!r}")
         pid = self._postmaster_pid()
         if pid is not None and _pid_alive(pid):
             try:
-                self._pg_ctl_stop(mode)
+                self._pg_ctl_stop(mode, timeout)
             except ClusterError:
                 if self.is_running():
                     raise

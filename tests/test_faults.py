@@ -388,6 +388,61 @@ def test_switching_two_phase_for_a_file_is_refused(db: Any, env: dict[str, str],
     check_exactly_once(db.conninfo, read_lines(out))
 
 
+# --- a prepared transaction held while the server stops (#14, items 6 and 9) ----------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emitter", ["probe", "json"])
+def test_a_held_prepared_transaction_lets_the_server_stop_fast(own_cluster: LocalCluster,
+                                                                env: dict[str, str],
+                                                                tmp_path: Path,
+                                                                emitter: str) -> None:
+    """A slot created --two-phase, an emitter that takes prepared transactions at COMMIT
+    PREPARED (the default json emitter among them), one transaction prepared and left
+    pending: the slot is acknowledged past it, so `pg_ctl stop -m fast` returns (it waited
+    until it gave up while pgdecode could not confirm what it was sent). pgdecode is killed
+    while the server is down; the next run, which the server sends only the COMMIT
+    PREPARED, writes the transaction from FILE.hold, once."""
+    conninfo = own_cluster.conninfo()
+    make_table(conninfo)
+    slot = "held"
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    command = ["stream", "-d", conninfo, "-S", slot, "--publication", "pub", "--emitter",
+               emitter, "-f", str(out), "--status-interval", "0.2"]
+    proc = start_cli([*command, "--create-slot", "--two-phase"], env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: slot_row(conninfo, slot), what="slot created")
+        small_transactions(conninfo, 1, 5)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t SELECT g, 'prepared' FROM generate_series(-10, -1) g")
+            conn.execute("PREPARE TRANSACTION 'pending'")
+        small_transactions(conninfo, 10, 5)
+        wait_for_ack(conninfo, slot, current_lsn(conninfo), timeout=60)  # past the PREPARE
+        own_cluster.stop("fast", timeout=30)  # ClusterError if it does not stop
+        assert proc.poll() is None, stderr.read_text()  # it waits for the server to return
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list(Path(f"{out}.hold").glob("*.hold")), "nothing held"
+    own_cluster.start()
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: (slot_row(conninfo, slot) or {}).get("active"), what="restart")
+        query(conninfo, "COMMIT PREPARED 'pending'")
+        small_transactions(conninfo, 20, 5)
+        wait_for_ack(conninfo, slot, current_lsn(conninfo))
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    if emitter == "probe":
+        check_exactly_once(conninfo, read_lines(out))
+    else:
+        ids = [int(line["new"]["id"]) for line in read_lines(out)]
+        assert sorted(ids) == table_ids(conninfo, "t")  # each row once, the prepared ones too
+    assert not list(Path(f"{out}.hold").glob("*.hold"))
+
+
 # --- 3: the server restarted under the stream --------------------------------------------------
 
 
