@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 from capture import Captured, peek, pgoutput_options
 from psycopg import sql
-from recorders import Recorder, StreamRecorder, TwoPhaseRecorder, apply_streams
+from recorders import (
+    Recorder,
+    StreamRecorder,
+    TwoPhaseRecorder,
+    apply_streams,
+    changes_by_transaction,
+)
 
 from plugin_framework import LSN, FileOutput, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.framework.outputs import Output
@@ -215,33 +221,41 @@ def test_commit_of_a_transaction_prepared_before_this_pipeline_is_refused_for_ot
         c.feed(Recorder(), TwoPhaseRecorder())
 
 
-def test_acknowledgement_after_a_restart_waits_for_a_resent_prepare(
+def values(plugin: Recorder) -> list[list[str]]:
+    """The new rows' values a Recorder got, transaction by transaction."""
+    return [[v for e in txn for _, v in e[3]] for txn in changes_by_transaction(plugin.events)]
+
+
+def test_a_prepared_transaction_held_in_the_file_is_acknowledged_past_and_kept(
         case: Any, tmp_path: Any) -> None:
-    """Run 1 holds a prepared transaction for an ordinary plugin and acknowledges only up to
-    its PREPARE, while its file is durable past a later commit. Run 2 resumes that file; the
-    server sends the prepared transaction again, and until its PREPARE is back in hand the
-    acknowledgement must not pass where run 1's stopped, or a crash then loses it."""
+    """Run 1 holds a prepared transaction for an ordinary plugin: its file keeps it
+    (FILE.hold), so the acknowledgement passes its PREPARE and the later commit (#14, item
+    6). The slot is advanced there and run 1 dies; the server then sends run 2 only the
+    COMMIT PREPARED, and run 2 delivers the transaction from the file's hold."""
     c = case(two_phase=True)
     c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'pending'",
           "INSERT INTO {t} VALUES (2)")
     path = str(tmp_path / "out")
 
-    def run() -> tuple[Pipeline, list[LSN]]:
-        pipeline = c.pipeline(Recorder(), output=lambda: FileOutput(path))
+    def run() -> tuple[Pipeline, list[LSN], Recorder]:
+        plugin = Recorder()
+        pipeline = c.pipeline(plugin, output=lambda: FileOutput(path))
         acks = []
         for item in c.changes():
             pipeline.feed(item.data, item.lsn)
             acks.append(pipeline.flush())
-        return pipeline, acks
+        return pipeline, acks, plugin
 
-    first, acks = run()
-    assert first.in_flight  # 'pending' is held
-    stop = acks[-1]
-    c.advance(stop)
+    first, acks, plugin = run()
+    assert not first.in_flight  # 'pending' is held in the file's hold, not in memory
+    assert values(plugin) == [["2"]]
+    c.advance(acks[-1])
     for m in first.members:  # run 1 died: the kernel released its file's lock
         fcntl.flock(m.ctx.output._file.fileno(), fcntl.LOCK_UN)  # type: ignore[attr-defined]
-    _, acks = run()
-    assert max(acks) <= stop
+    c.sql("COMMIT PREPARED 'pending'")
+    second, _, plugin = run()
+    assert values(plugin) == [["1"]]
+    assert not second.in_flight
 
 
 def test_a_stream_prepared_transaction_sent_again_after_a_lost_connection_is_kept_once(
