@@ -20,10 +20,17 @@ from typing import Any
 import orjson
 import pytest
 from capture import Captured, peek, pgoutput_options
+from jsonmirror import (
+    ROW_OPS,
+    Line,
+    apply,
+    loads,
+    ordered,
+    server_tables,
+)
 from jsonschema import Draft202012Validator
 from parity_workload import run_parity_workload, setup_parity
 from pgtest import create_database, drop_database
-from psycopg import sql
 from psycopg.adapt import Loader
 from recorders import with_fast_path
 from workload import Facts, create_schema, run_workload
@@ -37,15 +44,6 @@ from plugin_framework.pgtypes.oids import INT4, JSONB, NUMERIC
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
 VALIDATOR = Draft202012Validator(SCHEMA)
 VALID_LINES: set[str] = set()  # lines already validated
-ROW_OPS = ("insert", "update", "delete")
-
-Line = dict[str, Any]
-
-
-def loads(text: str | bytes) -> Any:
-    """JSON with exact numbers: every non-integer as a Decimal."""
-    return json.loads(text, parse_float=Decimal)
-
 
 # --- sources: a database, its slot, and the captured stream ------------------------------------
 
@@ -147,113 +145,6 @@ def work(pg: Any) -> Iterator[Source]:
 @pytest.fixture(params=["parity", "work"])
 def source(request: pytest.FixtureRequest, parity: Source, work: Source) -> Source:
     return parity if request.param == "parity" else work
-
-
-# --- what a consumer does with the lines, and what the server says ----------------------------
-
-
-def _key(row: dict[str, Any], columns: list[str]) -> str:
-    picked = [row[c] for c in columns] if columns else sorted(row.items())
-    return json.dumps(picked, default=str, sort_keys=True)
-
-
-def apply(lines: list[Line]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """Rebuild the tables from the lines, as a consumer would: lines of a prepared transaction
-    emitted at PREPARE are held until its commit_prepared (dropped at rollback_prepared),
-    unchanged TOAST columns keep the row's previous value."""
-    tables: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    held: dict[str, list[Line]] = {}
-
-    def one(line: Line) -> None:
-        op = line["op"]
-        if op not in (*ROW_OPS, "truncate"):
-            return
-        rows = tables.setdefault((line["schema"], line["table"]), {})
-        if op == "truncate":
-            rows.clear()
-            return
-        key = line["key"]
-        if op in ("update", "delete"):
-            before = line["old"] if line["old"] is not None else line["new"]
-            previous = rows.pop(_key(before, key))
-        if op in ("insert", "update"):
-            row = dict(line["new"])
-            for column in line.get("unchanged_toast", []):
-                assert column not in row
-                row[column] = previous[column]
-            rows[_key(row, key)] = row
-
-    for line in lines:
-        if line.get("phase") == "prepare":
-            held.setdefault(line["gid"], []).append(line)
-        elif line["op"] == "commit_prepared":
-            for staged in held.pop(line["gid"]):
-                one(staged)
-        elif line["op"] == "rollback_prepared":
-            held.pop(line["gid"])
-        else:
-            one(line)
-    assert not held
-    return tables
-
-
-OPAQUE_IN_BINARY = {"money": "cash_send", "tsvector": "tsvectorsend", "tsquery": "tsquerysend"}
-
-
-def expected_expression(column: str, base_type: str, options: dict[str, str],
-                        binary: bool) -> str:
-    """SQL for what the emitter must say about a column, as jsonb, from the server itself."""
-    c = sql.Identifier(column).as_string(None)
-    base64 = options.get("bytea") == "base64"
-
-    def encoded(expr: str) -> str:
-        if base64:
-            return f"to_jsonb(translate(encode({expr}, 'base64'), E'\\n', ''))"
-        return f"to_jsonb(encode({expr}, 'hex'))"
-
-    if binary and base_type in OPAQUE_IN_BINARY:
-        return encoded(f"{OPAQUE_IN_BINARY[base_type]}({c})")
-    if base_type == "numeric":
-        if options.get("numeric-as") == "number":
-            return (f"CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') "
-                    f"THEN to_jsonb({c}::text) ELSE to_jsonb({c}) END")
-        return f"to_jsonb({c}::text)"
-    if base_type == "bytea":
-        return encoded(c)
-    if base_type in ("interval", "pg_lsn"):
-        return f"to_jsonb({c}::text)"  # intervals: with IntervalStyle iso_8601
-    if base_type == "oid":
-        return f"to_jsonb({c}::int8)"
-    if base_type == "timetz":
-        return f"to_jsonb(regexp_replace({c}::text, '([+-]\\d\\d)$', '\\1:00'))"
-    return f"to_jsonb({c})"
-
-
-def server_tables(db: Any, tables: list[tuple[str, str]], options: dict[str, str],
-                  binary: bool = False) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    out = {}
-    with db.connect(autocommit=True) as conn:
-        conn.execute("SET intervalstyle = iso_8601")
-        for schema, table in tables:
-            qualified = sql.Identifier(schema, table).as_string(conn)
-            columns = conn.execute(
-                "SELECT a.attname, b.typname FROM pg_attribute a "
-                "JOIN pg_type t ON t.oid = a.atttypid "
-                "JOIN pg_type b ON b.oid = CASE t.typtype WHEN 'd' THEN t.typbasetype "
-                "ELSE t.oid END "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
-                "ORDER BY a.attnum", (qualified,)).fetchall()
-            select = ", ".join(f"({expected_expression(name, typ, options, binary)})::text"
-                               for name, typ in columns)
-            rows = conn.execute(f"SELECT {select} FROM {qualified}").fetchall()
-            out[schema, table] = [
-                {name: None if v is None else loads(v) for (name, _), v in
-                 zip(columns, row, strict=True)} for row in rows]
-    return out
-
-
-def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: json.dumps(r, default=str, sort_keys=True))
 
 
 PARITY_TABLES = [("public", t) for t in (

@@ -27,7 +27,7 @@ def _lsn(value: Any) -> str | None:
 def _txn_fields(txn: Any) -> bytes:
     """The transaction's part of every line of it: ``,"xid":...`` up to the origin, and gid
     and phase for a prepared transaction."""
-    fields: dict[str, Any] = {"xid": txn.xid}
+    fields: dict[str, Any] = {"xid": None if txn.is_snapshot else txn.xid}
     if txn.gid is not None and txn.is_prepared:
         fields.update(commit_lsn=None, commit_time=None, origin=txn.origin, gid=txn.gid,
                       phase="prepare", prepare_lsn=_lsn(txn.final_lsn),
@@ -141,7 +141,7 @@ class JsonEmitter(OutputPlugin):
         if type(fields) is not bytes:
             fields = _txn_bytes(txn)
         action = change.action
-        before, key = plan.heads[action]
+        before, key = plan.heads["SNAPSHOT" if txn.is_snapshot else action]
         new, old = change.new, change.old
         if action == "INSERT":
             body = b',"new":' + _dumps(row(plan, new.data)[0])

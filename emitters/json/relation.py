@@ -43,7 +43,7 @@ class JsonRelationPlan:
                + _IDENTITY.get(relation.replica_identity, "default").encode() + b'"')
         # (before the LSN, after the transaction's fields) for each action
         self.heads = {action: (b'{"op":"' + action.lower().encode() + b'",' + where, key)
-                      for action in ("INSERT", "UPDATE", "DELETE")}
+                      for action in ("INSERT", "UPDATE", "DELETE", "SNAPSHOT")}
         self.truncate_head = b'{"op":"truncate",' + where
         self.fast = row_format(
             relation.relation_id,

@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stream", help="stream a slot through emitters")
     connection_args(p)
     source_args(p)
+    p.add_argument("--snapshot", choices=("initial", "only"),
+                   help="with --create-slot: first copy the published tables' rows as of "
+                        "the new slot (initial), then stream; or only copy them (only)")
+    p.add_argument("--snapshot-workers", type=int, default=2, metavar="N",
+                   help="connections copying tables in parallel (default 2)")
     emitter_args(p, "json")
     add_cli_arguments(p)
 
@@ -162,6 +167,19 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
     if args.temporary and args.source != "walsender":
         raise UsageError("--temporary needs --source walsender: a temporary slot lives as "
                          "long as the replication connection that created it")
+    snapshot = getattr(args, "snapshot", None)
+    workers = getattr(args, "snapshot_workers", 2)
+    if snapshot is not None:
+        if not args.create_slot:
+            raise UsageError(
+                "--snapshot needs --create-slot: the copy is taken at the new slot's "
+                "consistent point, so that the stream continues exactly where it ends")
+        if args.source != "walsender":
+            raise UsageError("--snapshot needs --source walsender: the copy reads the "
+                             "snapshot that creating the slot on the replication connection "
+                             "exports")
+    if not 1 <= workers <= 64:
+        raise UsageError(f"--snapshot-workers must be between 1 and 64, not {workers}")
     try:
         endpos = LSN(args.endpos) if args.endpos else None
     except ValueError as exc:
@@ -172,7 +190,7 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         messages=not args.no_messages, binary=args.binary, origin=args.origin, endpos=endpos,
         status_interval=args.status_interval, create_slot=args.create_slot,
         slot_two_phase=args.two_phase, temporary_slot=args.temporary,
-        reconnect=not args.no_reconnect,
+        reconnect=not args.no_reconnect, snapshot=snapshot, snapshot_workers=workers,
     )
 
 

@@ -54,6 +54,9 @@ class Transaction:
     first_lsn: LSN | None = None  # where the transaction's first message came from
     is_streamed: bool = False
     is_prepared: bool = False
+    # a transaction of the initial snapshot's rows (read-only: inserts only; xid 0, at the
+    # slot's consistent point): docs/snapshot.md
+    is_snapshot: bool = False
     output_plugin_private: Any = None
 
 

@@ -140,6 +140,9 @@ class FileOutput:
         self._marked_streams: list[int] = []
         self.resume_open_streams: list[int] = []
         self._two_phase: bool | None = None  # prepared transactions went in at PREPARE
+        # the initial snapshot (docs/snapshot.md): "copying" from its start until "done"
+        self.snapshot_state: str | None = None
+        self._snapshot_start: int | None = None  # the file's size where this run's copy began
         self._failed: str | None = None  # why the output can no longer be made durable
         self._repair: tuple[bool, int] | None = None  # (new file, durable size) until used
         self._durable_size = 0
@@ -220,6 +223,9 @@ class FileOutput:
             self.resume_lsn = LSN(state["lsn"])
             self._slot = state.get("slot")
             self._two_phase = state.get("two_phase")
+            self.snapshot_state = state.get("snapshot")
+            if self.snapshot_state not in (None, "copying", "done"):
+                raise ValueError(f"snapshot is {self.snapshot_state!r}")
             if self._two_phase is not None and type(self._two_phase) is not bool:
                 raise ValueError(f"two_phase is {self._two_phase!r}, not true or false")
             self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
@@ -320,6 +326,23 @@ class FileOutput:
             self._two_phase = two_phase
         if record:
             self._save_progress(self.durable_lsn, self._marked_size)
+
+    def begin_snapshot(self) -> None:
+        """An initial snapshot starts here: recorded durably now, so that a run that dies
+        during the copy leaves a file that is cut back to this point and copied again."""
+        if self._progress is None:
+            return
+        self._ready()
+        if self.snapshot_state == "copying" and self._snapshot_start is not None:
+            self.rollback_to(self._snapshot_start)  # a copy this process began, cut short
+        self._snapshot_start = self._position()
+        self.snapshot_state = "copying"
+        self._save_progress(self.durable_lsn, self._durable_size)
+
+    def end_snapshot(self) -> None:
+        """The copy is complete (recorded with the mark that follows, at the next flush)."""
+        if self.snapshot_state is not None:
+            self.snapshot_state = "done"
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
@@ -443,6 +466,8 @@ class FileOutput:
             state["two_phase"] = self._two_phase
         if self._marked_streams:
             state["open_streams"] = self._marked_streams
+        if self.snapshot_state is not None:
+            state["snapshot"] = self.snapshot_state
         with open(tmp, "w") as f:
             json.dump(state, f)
             f.flush()

@@ -90,6 +90,8 @@ class SourceConfig:
     create_slot: bool = False
     slot_two_phase: bool = False
     temporary_slot: bool = False
+    snapshot: str | None = None  # "initial" or "only": copy the tables with a new slot
+    snapshot_workers: int = 2
 
 
 @dataclass

@@ -75,13 +75,15 @@ def drop_slot(conn: psycopg.Connection[Any], name: str, *, if_exists: bool = Fal
 
 
 def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bool,
-                                    server_version: int) -> str:
+                                    server_version: int, export: bool = False) -> str:
     """CREATE_REPLICATION_SLOT for a replication connection (needed for temporary slots,
-    which live as long as the connection that created them)."""
+    which live as long as the connection that created them). ``export``: export the slot's
+    snapshot (the initial copy reads with it; sources/snapshot.py)."""
     temp = " TEMPORARY" if temporary else ""
     if server_version >= 150000:
-        options = ["SNAPSHOT 'nothing'"] + (["TWO_PHASE"] if two_phase else [])
+        snapshot = "SNAPSHOT 'export'" if export else "SNAPSHOT 'nothing'"
+        options = [snapshot] + (["TWO_PHASE"] if two_phase else [])
         return (f"CREATE_REPLICATION_SLOT {quote_ident_always(name)}{temp} LOGICAL pgoutput "
                 f"({', '.join(options)})")
     return (f"CREATE_REPLICATION_SLOT {quote_ident_always(name)}{temp} LOGICAL pgoutput "
-            "NOEXPORT_SNAPSHOT")
+            + ("EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"))

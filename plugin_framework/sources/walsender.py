@@ -56,6 +56,7 @@ from plugin_framework.sources.session import (
     wal_level_error,
 )
 from plugin_framework.sources.slots import create_replication_slot_command
+from plugin_framework.sources.snapshot import SnapshotCopy
 
 log = logging.getLogger("pgdecode.source")
 
@@ -85,6 +86,10 @@ class WalsenderSource:
         self._walsender_pid: int | None = None  # of our last connection: its slot use is ours
         self._slot_two_phase = False
         self._alive_interval = 1.0  # status updates at least this often during a replay
+        # the initial snapshot (--snapshot): still to take, and the copy of the slot made now
+        self._snapshot_pending = config.snapshot is not None
+        self._copy: SnapshotCopy | None = None
+        self._copy_lsn = LSN(0)
 
     def request_stop(self) -> None:
         """Finish the transaction being delivered, acknowledge, and return from run()."""
@@ -94,8 +99,15 @@ class WalsenderSource:
         def attempt() -> None:
             try:
                 self._connect()
+                if self._copy is not None and not self._take_snapshot():
+                    return  # asked to stop during the copy
+                if self.config.snapshot == "only":
+                    return
                 self._stream()
             finally:
+                if self._copy is not None:
+                    self._copy.close()
+                    self._copy = None
                 self._close()
 
         run_with_reconnect(attempt, self.config, self.progress, self.pipeline, self._stop)
@@ -122,7 +134,7 @@ class WalsenderSource:
             is_init = False
             if cfg.create_slot:
                 is_init = self._create_slot(repl, server_version)
-            self._check_slot(repl)
+            self._check_slot(repl)  # (after the copy's connections imported the snapshot)
             # How far the server's WAL is written, to check a resumed output against
             server_lsn = None if self._started else repl.identify_system()[2]
         except psycopg.Error as exc:
@@ -173,18 +185,76 @@ class WalsenderSource:
 
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
+        export = self._snapshot_pending
         exists = repl.command(
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
+        if exists and export and self._snapshot_interrupted():
+            # Made by a run whose copy did not finish (its snapshot went with it), and never
+            # streamed from: made again, with a new snapshot, and the copy taken again.
+            log.warning('the initial snapshot with replication slot "%s" did not finish: '
+                        "dropping the slot and copying again with a new one", cfg.slot)
+            repl.command(f"DROP_REPLICATION_SLOT {quote_ident_always(cfg.slot)} WAIT")
+            exists = []
         if exists:
             if cfg.slot_two_phase and not exists[0][0] and not self._started:
                 log.warning('replication slot "%s" exists already, without two_phase: '
                             "--two-phase applies only to a slot created now", cfg.slot)
+            if export:
+                log.warning('replication slot "%s" exists already: the initial snapshot is '
+                            "taken only with a new slot, so it is not taken again",
+                            cfg.slot)
+                self._snapshot_pending = False
             return False
-        repl.command(create_replication_slot_command(
+        rows = repl.command(create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
-            server_version=server_version))
+            server_version=server_version, export=export))
         log.info('created replication slot "%s"', cfg.slot)
+        if export:
+            # Imported before the next command on this connection, which ends the export.
+            _, point, snapshot_name, _ = rows[0]
+            self._copy = SnapshotCopy(cfg.conninfo, snapshot_name, cfg.snapshot_workers)
+            self._copy_lsn = LSN(point)
+        return True
+
+    def _snapshot_interrupted(self) -> bool:
+        return any(getattr(m.ctx.output, "snapshot_state", None) == "copying"
+                   for m in self.pipeline.members)
+
+    def _take_snapshot(self) -> bool:
+        """Copy the published tables through the pipeline, then mark the copy done at the
+        slot's consistent point and make it durable. False if asked to stop first (the next
+        run copies again)."""
+        copy = self._copy
+        assert copy is not None
+        pipeline, lsn = self.pipeline, self._copy_lsn
+        started = time.monotonic()
+        pipeline.begin_snapshot()
+        tables = rows = 0
+        try:
+            for chunk in copy.chunks(self.config.publications, self._stop.is_set):
+                table = chunk.table
+                assert table.relation is not None
+                rows += pipeline.snapshot_rows(table.relation, table.types, chunk.rows, lsn,
+                                               copy.read_time)
+                self.progress.transactions = pipeline.transactions
+                self.progress.changes = pipeline.changes
+                if chunk.last:
+                    tables += 1
+                    log.info("copied %s", table.qualified)
+        except InterruptedError:
+            log.info("stopped during the initial snapshot: the next run copies again")
+            return False
+        except psycopg.Error as exc:
+            raise explain(exc, self.config.conninfo, self.config.slot) from None
+        finally:
+            copy.close()
+            self._copy = None
+        pipeline.end_snapshot(lsn)
+        pipeline.flush()
+        self._snapshot_pending = False
+        log.info("initial snapshot: %d rows of %d tables in %.1f s, consistent with the "
+                 "slot at %s", rows, tables, time.monotonic() - started, lsn)
         return True
 
     def _check_slot(self, repl: ReplicationStream) -> None:

@@ -22,18 +22,19 @@ block or to a transaction alike (Relation, Origin, row changes, TRUNCATE, messag
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from plugin_framework.framework.context import LogicalDecodingContext
-from plugin_framework.framework.model import Relation, Transaction
+from plugin_framework.framework.model import Action, Relation, Row, Transaction, new_change
 from plugin_framework.framework.outputs import FileOutput, Output
 from plugin_framework.framework.plugin import LoadedPlugin
 from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.streams import Streams
 from plugin_framework.framework.reorder.twophase import TwoPhase
-from plugin_framework.framework.reorder.txn import PipelineError
+from plugin_framework.framework.reorder.txn import PipelineError, TxnState
 from plugin_framework.protocol import (
     LSN,
     Begin,
@@ -55,6 +56,7 @@ from plugin_framework.protocol import (
     StreamStart,
     StreamStop,
     Truncate,
+    TupleData,
     Type,
     Update,
     encode,
@@ -331,3 +333,62 @@ class Pipeline(Streams, TwoPhase):
                 member.call("message", m.lsn, state.base.xid, self._view(state, i), *args)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
+
+    # --- the initial snapshot ------------------------------------------------------------------
+
+    def snapshot_rows(self, relation: RelationMessage, types: Iterable[Type],
+                      rows: Iterable[TupleData], lsn: LSN, read_time: datetime) -> int:
+        """Rows of a table's initial copy (sources/snapshot.py), as one read-only transaction
+        of inserts (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``):
+        begin, an insert per row that the change filter keeps, commit. Every plugin gets
+        it; nothing is marked (``end_snapshot`` marks the whole copy). Returns the rows
+        delivered."""
+        if self._txn is not None or self._stream is not None:
+            raise PipelineError("snapshot rows inside a transaction of the stream")
+        for t in types:
+            self._on_type(t, lsn, None)
+        self._on_relation(relation, lsn, None)  # described first, as the stream does
+        rel = self.relations[relation.relation_id]
+        state = TxnState(Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
+                                     first_lsn=lsn, is_snapshot=True), started=True)
+        members = self.members
+        live = state.live = list(range(len(members)))
+        views = [self._view(state, i) for i in live]
+        for i in live:
+            self._savepoint(state, i)
+            members[i].call("begin", lsn, 0, views[i])
+        change_filter = self.change_filter
+        delivered = 0
+        for data in rows:
+            change = new_change(Action.INSERT, rel, Row(rel, data), None, False, lsn, 0)
+            if change_filter is not None:
+                filtered = change_filter(change)
+                if filtered is None:
+                    continue
+                change = filtered
+            delivered += 1
+            for i in live:
+                members[i].call_change(lsn, 0, views[i], change)
+        for i in live:
+            members[i].call("commit", lsn, 0, views[i], lsn)
+        self.transactions += 1
+        self.changes += delivered
+        return delivered
+
+    def begin_snapshot(self) -> None:
+        """Before the first snapshot rows: outputs that record their state (FILE.progress)
+        record that a copy is under way, so that a run that dies during it is told to copy
+        again from a new slot (the copy's snapshot dies with the connection)."""
+        for m in self.members:
+            begin = getattr(m.ctx.output, "begin_snapshot", None)
+            if begin is not None:
+                begin()
+
+    def end_snapshot(self, lsn: LSN) -> None:
+        """The copy is complete: every output holds what it had of it once durable at
+        ``lsn`` (the slot's consistent point), and records the copy as done."""
+        for m in self.members:
+            end = getattr(m.ctx.output, "end_snapshot", None)
+            if end is not None:
+                end()
+        self._mark(range(len(self.members)), lsn)

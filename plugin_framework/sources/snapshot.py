@@ -1,0 +1,248 @@
+"""The initial snapshot: the rows that existed before the slot, copied consistently with it.
+
+CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export') returns the slot's consistent point and a
+snapshot that sees exactly the transactions committed before it. Connections that import
+that snapshot (``SET TRANSACTION SNAPSHOT``) and COPY the published tables read every row
+the stream will not send, and none that it will: applying the copy, then the stream from the
+consistent point, gives the table. This is PostgreSQL's own table synchronization
+(tablesync.c) without the per-table slots, and its publication rules: each table's row
+filter (ORed across publications, none if one publication has none) and column list, and
+partitions copied through the root when the publication publishes via the root.
+
+The replication connection must run no command between creating the slot and the last
+import (the export ends with its next command): ``SnapshotCopy`` imports in its
+constructor. The rows are copied by ``workers`` threads, one table at a time each, and
+handed to the caller in chunks, in the calling thread (the pipeline is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from plugin_framework.protocol import RelationColumn, RelationMessage, TupleData, Type
+from plugin_framework.sources.errors import SourceError
+
+log = logging.getLogger("pgdecode.snapshot")
+
+CHUNK_ROWS = 5000  # rows per synthetic transaction
+_FIRST_NORMAL_OID = 16384  # types below are built in: pgoutput sends no Type message
+_NULL, _TEXT = ord("n"), ord("t")
+
+
+@dataclass
+class TableCopy:
+    """One published table to copy, and how pgoutput describes it."""
+
+    relid: int
+    schema: str
+    name: str
+    partitioned: bool  # copied with its partitions (published via the root)
+    columns: list[str]  # the published columns, in attnum order
+    row_filter: str | None  # the publications' filters, ORed; None: every row
+    relation: RelationMessage | None = None
+    types: list[Type] = field(default_factory=list)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass
+class Chunk:
+    table: TableCopy
+    rows: list[TupleData]
+    last: bool  # the table's last chunk
+
+
+_TABLES_SQL = """
+SELECT c.oid, pt.schemaname, pt.tablename, c.relkind = 'p', pt.pubname, {columns}
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = ANY(%s)
+ORDER BY pt.schemaname, pt.tablename, pt.pubname
+"""
+
+# The columns pgoutput describes (logicalrep_write_attrs): not dropped, not generated, the
+# replica identity's flagged (every column for REPLICA IDENTITY FULL).
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid, a.atttypmod,
+       c.relreplident = 'f' OR COALESCE(a.attnum = ANY(i.indkey), false)
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_index i ON i.indrelid = c.oid
+     AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_TYPES_SQL = """
+SELECT t.oid, CASE WHEN n.nspname = 'pg_catalog' THEN '' ELSE n.nspname END, t.typname
+FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%s)
+"""
+
+
+def published_tables(conn: psycopg.Connection[Any],
+                     publications: Sequence[str]) -> list[TableCopy]:
+    """The tables the publications publish, with their combined row filter and column
+    list (PostgreSQL 15 and later have both; before, every row and column)."""
+    modern = conn.info.server_version >= 150000
+    columns = "pt.attnames, pt.rowfilter" if modern else "NULL::name[], NULL::text"
+    rows = conn.execute(_TABLES_SQL.format(columns=columns), (list(publications),)).fetchall()
+    tables: dict[int, TableCopy] = {}
+    filters: dict[int, list[str | None]] = {}
+    for relid, schema, name, partitioned, pubname, attnames, rowfilter in rows:
+        table = tables.get(relid)
+        if table is None:
+            table = tables[relid] = TableCopy(relid, schema, name, partitioned,
+                                              list(attnames or []), None)
+        elif attnames is not None and list(attnames) != table.columns:
+            raise SourceError(
+                f"table {schema}.{name} is published with different column lists by "
+                f'publication "{pubname}" and another of --publication: PostgreSQL refuses '
+                "to copy it so too; give the publications the same column list")
+        filters.setdefault(relid, []).append(rowfilter)
+    for relid, table in tables.items():
+        clauses = filters[relid]
+        if all(c is not None for c in clauses):
+            table.row_filter = " OR ".join(f"({c})" for c in dict.fromkeys(clauses))
+        describe(conn, table)
+    return list(tables.values())
+
+
+def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
+    """The Relation (and Type) messages pgoutput would send for the table's copied columns."""
+    rows = conn.execute(_COLUMNS_SQL, (table.relid,)).fetchall()
+    wanted = set(table.columns) if table.columns else None
+    cols = [RelationColumn(bool(key), name, typid, typmod)
+            for name, typid, typmod, key in rows if wanted is None or name in wanted]
+    table.columns = [c.name for c in cols]
+    identity = conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s",
+                            (table.relid,)).fetchone()
+    assert identity is not None
+    schema = "" if table.schema == "pg_catalog" else table.schema
+    table.relation = RelationMessage(table.relid, schema, table.name, identity[0], tuple(cols))
+    user_types = sorted({c.type_oid for c in cols if c.type_oid >= _FIRST_NORMAL_OID})
+    if user_types:
+        table.types = [Type(oid, ns, name) for oid, ns, name
+                       in conn.execute(_TYPES_SQL, (user_types,)).fetchall()]
+
+
+def copy_statement(table: TableCopy) -> sql.Composed:
+    only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
+    query = sql.SQL("SELECT {} FROM {}{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), only,
+        sql.Identifier(table.schema, table.name))
+    if table.row_filter is not None:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(table.row_filter))
+    return sql.SQL("COPY ({}) TO STDOUT").format(query)
+
+
+class SnapshotCopy:
+    """Connections that see the exported snapshot, and the copy of the tables through them."""
+
+    def __init__(self, conninfo: str, snapshot_name: str, workers: int) -> None:
+        self.connections: list[psycopg.Connection[Any]] = []
+        try:
+            for _ in range(max(1, workers)):
+                conn = psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
+                self.connections.append(conn)
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                    sql.Literal(snapshot_name)))
+        except BaseException:
+            self.close()
+            raise
+        self.read_time = self.connections[0].execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+
+    def close(self) -> None:
+        for conn in self.connections:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        self.connections = []
+
+    def chunks(self, publications: Sequence[str], stop: Callable[[], bool],
+               chunk_rows: int = CHUNK_ROWS) -> Iterator[Chunk]:
+        """Every published table's rows, in chunks; each table's in order, tables in
+        parallel across the connections."""
+        tables = published_tables(self.connections[0], publications)
+        todo: queue.SimpleQueue[TableCopy | None] = queue.SimpleQueue()
+        for table in tables:
+            todo.put(table)
+        done: queue.Queue[Chunk | BaseException | None] = queue.Queue(
+            maxsize=2 * len(self.connections))
+        cancelled = threading.Event()
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            try:
+                while not cancelled.is_set():
+                    try:
+                        table = todo.get_nowait()
+                    except queue.Empty:
+                        break
+                    if table is None:
+                        break
+                    for chunk in _copy(conn, table, chunk_rows):
+                        while not cancelled.is_set():
+                            try:
+                                done.put(chunk, timeout=0.5)
+                                break
+                            except queue.Full:
+                                continue
+                        if cancelled.is_set():
+                            return
+            except BaseException as exc:  # handed to the consuming thread
+                done.put(exc)
+            finally:
+                done.put(None)
+
+        threads = [threading.Thread(target=work, args=(conn,), daemon=True,
+                                    name=f"pgdecode-snapshot-{n}")
+                   for n, conn in enumerate(self.connections)]
+        for t in threads:
+            t.start()
+        running = len(threads)
+        try:
+            while running:
+                if stop():
+                    raise InterruptedError("stop requested")
+                try:
+                    item = done.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            cancelled.set()
+            for t in threads:
+                while t.is_alive():
+                    try:  # let a blocked worker finish its put and see the cancel
+                        done.get_nowait()
+                    except queue.Empty:
+                        t.join(0.1)
+
+
+def _copy(conn: psycopg.Connection[Any], table: TableCopy,
+          chunk_rows: int) -> Iterator[Chunk]:
+    rows: list[TupleData] = []
+    with conn.cursor().copy(copy_statement(table)) as copy:
+        for row in copy.rows():
+            rows.append(TupleData(bytes(_NULL if v is None else _TEXT for v in row),
+                                  tuple(None if v is None else v.encode() for v in row)))
+            if len(rows) >= chunk_rows:
+                yield Chunk(table, rows, False)
+                rows = []
+    yield Chunk(table, rows, True)

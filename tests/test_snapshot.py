@@ -1,0 +1,301 @@
+"""The initial snapshot (#15) on each server version: `pgdecode stream --create-slot
+--snapshot initial` copies the published tables as of the new slot, then streams from its
+consistent point. Applying the copy, then the stream, to empty tables gives exactly what
+the server's tables hold, while a writer changes them throughout (inserts, updates, key
+changes, deletes, rows moving between partitions), and however often the consumer is
+killed during the copy."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from jsonmirror import apply, ordered, server_tables
+from jsonschema import Draft202012Validator
+from streamkit import (
+    current_lsn,
+    query,
+    read_lines,
+    run_cli,
+    slot_row,
+    start_cli,
+    stop_process,
+    wait_for,
+)
+
+from plugin_framework import LSN
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
+TABLES = [("public", "big"), ("public", "part")]
+ROWS = 200_000
+
+
+def make_tables(conninfo: str, rows: int = ROWS) -> None:
+    query(conninfo, f"""
+        CREATE TABLE big (id int PRIMARY KEY, n numeric, a int[], t text, note text);
+        INSERT INTO big SELECT g, g * 1.5, ARRAY[g, NULL, -g],
+            CASE WHEN g % 997 = 0 THEN repeat(md5(g::text), 300) ELSE 'r' || g END,
+            CASE WHEN g % 3 = 0 THEN NULL ELSE 'x' || g END
+          FROM generate_series(1, {rows}) g;
+        CREATE TABLE part (id int PRIMARY KEY, v text) PARTITION BY RANGE (id);
+        CREATE TABLE part_lo PARTITION OF part FOR VALUES FROM (MINVALUE) TO (500000);
+        CREATE TABLE part_hi PARTITION OF part FOR VALUES FROM (500000) TO (MAXVALUE);
+        INSERT INTO part SELECT g * 7, 'p' || g FROM generate_series(1, {rows // 10}) g;
+        CREATE TABLE unpublished (id int PRIMARY KEY);
+        INSERT INTO unpublished SELECT generate_series(1, 100);
+        CREATE PUBLICATION pub FOR TABLE big, part WITH (publish_via_partition_root = true);
+    """)
+
+
+class Writer(threading.Thread):
+    """Changes the published tables, one small transaction at a time, until stopped."""
+
+    def __init__(self, conninfo: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.conninfo = conninfo
+        self.random = random.Random(seed)
+        self.done = threading.Event()
+        self.ops = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        r = self.random
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                while not self.done.is_set():
+                    k = r.randint(1, ROWS)
+                    choice = r.randrange(7)
+                    if choice == 0:
+                        conn.execute("INSERT INTO big VALUES (%s, 0.1, '{}', repeat('z', %s), "
+                                     "NULL) ON CONFLICT DO NOTHING",
+                                     (10_000_000 + self.ops, r.choice((1, 9000))))
+                    elif choice == 1:
+                        conn.execute("UPDATE big SET n = n + 1, note = 'u' WHERE id = %s", (k,))
+                    elif choice == 2:  # a key change
+                        conn.execute("UPDATE big SET id = id + 20000000 WHERE id = %s", (k,))
+                    elif choice == 3:
+                        conn.execute("DELETE FROM big WHERE id = %s", (k,))
+                    elif choice == 4:  # into the other partition
+                        conn.execute("UPDATE part SET id = id + 700000 WHERE id = %s", (k * 7,))
+                    elif choice == 5:
+                        conn.execute("DELETE FROM part WHERE id = %s", (7 * (k // 10),))
+                    else:
+                        with conn.transaction():
+                            conn.execute("INSERT INTO part VALUES (%s, 'new') "
+                                         "ON CONFLICT DO NOTHING", (-self.ops,))
+                            conn.execute("UPDATE unpublished SET id = id WHERE id = 1")
+                    self.ops += 1
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(30)
+        if self.error is not None:
+            raise self.error
+
+
+def command(conninfo: str, out: Path, *extra: str) -> list[str]:
+    return ["stream", "-d", conninfo, "-S", "snap", "--publication", "pub", "-f", str(out),
+            "--status-interval", "0.2", "--create-slot", "--snapshot", "initial", *extra]
+
+
+def progress_of(out: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(Path(f"{out}.progress").read_text()))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def check_mirror(db: Any, lines: list[dict[str, Any]]) -> None:
+    """The copy, then the stream, applied to empty tables gives the server's tables; no row
+    was copied twice, and the lines are valid."""
+    snapshot = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
+    assert snapshot, "no snapshot rows"
+    twice = [k for k, n in snapshot.items() if n > 1]
+    assert not twice, f"{len(twice)} rows copied twice, e.g. {twice[:3]}"
+    assert any(ln["op"] != "snapshot" for ln in lines), "nothing streamed"
+    first_stream = next(i for i, ln in enumerate(lines) if ln["op"] != "snapshot")
+    assert all(ln["op"] != "snapshot" for ln in lines[first_stream:]), "copy after the stream"
+    validator = Draft202012Validator(SCHEMA)
+    for line in lines[:2000] + lines[first_stream:first_stream + 2000]:
+        validator.validate(line)
+    rebuilt = apply(lines)
+    expected = server_tables(db, TABLES, {})
+    for table in TABLES:
+        assert ordered(list(rebuilt[table].values())) == ordered(expected[table]), table
+    assert ("public", "unpublished") not in rebuilt
+
+
+def wait_acknowledged(conninfo: str, lsn: LSN) -> None:
+    wait_for(lambda: LSN((slot_row(conninfo, "snap") or {}).get("confirmed_flush_lsn") or 0)
+             >= lsn, timeout=300, what="the slot acknowledged past the writer's last change")
+
+
+@pytest.mark.slow
+def test_initial_snapshot_then_stream_equals_the_tables(db: Any, env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    make_tables(db.conninfo)
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+    writer = Writer(db.conninfo, seed=1)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, "snap"), what="slot created")
+        writer.start()  # from the slot's creation on: during the copy
+        wait_for(lambda: progress_of(out).get("snapshot") == "done", timeout=600,
+                 what="the copy done")
+        during = writer.ops
+        n = during
+        wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
+        writer.stop()
+        wait_acknowledged(db.conninfo, current_lsn(db.conninfo))
+    finally:
+        writer.done.set()
+        assert stop_process(proc) == 0, stderr.read_text()
+    assert during > 0, "the writer changed nothing during the copy"
+    assert "initial snapshot:" in stderr.read_text()
+    check_mirror(db, read_lines(out))
+
+
+@pytest.mark.slow
+def test_kill_9_during_the_copy_copies_again_without_doubles(db: Any, env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """Killed at random points of the copy (5 times), each next run finds the copy unfinished,
+    cuts the file back, makes the slot again and copies again; the file ends with each row
+    once and the tables equal the server's."""
+    make_tables(db.conninfo)
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    rng = random.Random(15)
+    writer = Writer(db.conninfo, seed=2)
+    kills = 0
+    writer.start()
+    try:
+        while kills < 5:
+            proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+            try:
+                threshold = rng.randint(10_000, 15_000_000)
+
+                def written(proc: Any = proc, threshold: int = threshold) -> bool:
+                    return (proc.poll() is not None
+                            or (out.exists() and out.stat().st_size > threshold)
+                            or progress_of(out).get("snapshot") == "done")
+
+                wait_for(written, timeout=600, interval=0.01, what="some of the copy written")
+                copying = progress_of(out).get("snapshot") == "copying"
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            kills += copying
+        proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+        try:
+            wait_for(lambda: progress_of(out).get("snapshot") == "done", timeout=600,
+                     what="the copy done")
+            n = writer.ops
+            wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
+            writer.stop()
+            wait_acknowledged(db.conninfo, current_lsn(db.conninfo))
+        finally:
+            assert stop_process(proc) == 0, stderr.read_text()
+    finally:
+        writer.done.set()
+    assert "did not finish: dropping the slot and copying again" in stderr.read_text()
+    check_mirror(db, read_lines(out))
+
+
+def test_snapshot_needs_a_new_slot(db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    result = run_cli(["stream", "-d", db.conninfo, "-S", "s", "--publication", "pub",
+                      "--snapshot", "initial"], env=env, timeout=60)
+    assert result.returncode != 0
+    assert "--snapshot needs --create-slot" in result.stderr
+
+
+def test_the_copy_follows_the_publications_row_filters_and_column_lists(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """Two publications filter one table (their filters ORed, as PostgreSQL's table sync
+    does), another table is published with a column list: the copy equals SELECT of those
+    columns with those filters, and `--snapshot only` stops after it."""
+    if db.cluster.major_version < 15:
+        pytest.skip("row filters and column lists need PostgreSQL 15")
+    query(db.conninfo, """
+        CREATE TABLE f (id int PRIMARY KEY, owner text, amount numeric);
+        INSERT INTO f SELECT g, CASE WHEN g % 2 = 0 THEN 'alice' ELSE 'bob' END, g / 3.0
+          FROM generate_series(1, 1000) g;
+        CREATE TABLE c (id int PRIMARY KEY, secret text, shown int);
+        INSERT INTO c SELECT g, 'pw' || g, g FROM generate_series(1, 300) g;
+        CREATE PUBLICATION p1 FOR TABLE f WHERE (owner = 'alice' AND id < 500), c (id, shown);
+        CREATE PUBLICATION p2 FOR TABLE f WHERE (amount > 300);
+    """)
+    out = tmp_path / "out"
+    result = run_cli(["stream", "-d", db.conninfo, "-S", "filtered", "--publication", "p1",
+                      "--publication", "p2", "-f", str(out), "--create-slot", "--snapshot",
+                      "only"], env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = read_lines(out)
+    assert {ln["op"] for ln in lines} == {"snapshot"}
+    rebuilt = apply(lines)
+    expected = server_tables(db, [("public", "f"), ("public", "c")], {})
+    wanted_f = [r for r in expected["public", "f"]
+                if (r["owner"] == "alice" and r["id"] < 500) or Decimal(r["amount"]) > 300]
+    assert ordered(list(rebuilt["public", "f"].values())) == ordered(wanted_f)
+    wanted_c = [{"id": r["id"], "shown": r["shown"]} for r in expected["public", "c"]]
+    assert ordered(list(rebuilt["public", "c"].values())) == ordered(wanted_c)
+    assert (slot_row(db.conninfo, "filtered") or {}).get("active") is False  # stopped
+
+
+@pytest.mark.parametrize("emitter", ["text", "wal2json"])
+def test_other_emitters_write_the_copy_as_inserts(db: Any, env: dict[str, str],
+                                                  tmp_path: Path, emitter: str) -> None:
+    """The text and wal2json emitters print copied rows as the inserts their users load:
+    the same lines as for the rows inserted in one transaction (the stream's own inserts,
+    the reference), but for the transaction's xid and LSNs."""
+    query(db.conninfo, """
+        CREATE TABLE ins (id int PRIMARY KEY, v text, n numeric, a text[]);
+        INSERT INTO ins SELECT g, CASE WHEN g % 5 = 0 THEN NULL ELSE 'v' || g END, g * 0.25,
+            ARRAY['x', NULL] FROM generate_series(1, 50) g;
+        CREATE TABLE ins_copy (LIKE ins INCLUDING ALL);
+        CREATE PUBLICATION pubins FOR TABLE ins, ins_copy;
+    """)
+    out = tmp_path / "out"
+    options = ["-o", "format-version=2"] if emitter == "wal2json" else []
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", "ins", "--publication", "pubins",
+                      "--emitter", emitter, *options, "-f", str(out), "--create-slot",
+                      "--snapshot", "initial", "--status-interval", "0.2"], env=env,
+                     stderr_path=tmp_path / "stderr")
+    try:
+        wait_for(lambda: progress_of(out).get("snapshot") == "done", timeout=120,
+                 what="the copy done")
+        query(db.conninfo, "INSERT INTO ins_copy SELECT * FROM ins ORDER BY id")
+        wait_acknowledged_slot(db.conninfo, "ins", current_lsn(db.conninfo))
+    finally:
+        assert stop_process(proc) == 0, (tmp_path / "stderr").read_text()
+    text = out.read_text().splitlines()
+    if emitter == "text":
+        copied = [ln for ln in text if ln.startswith("table public.ins:")]
+        inserted = [ln.replace("public.ins_copy:", "public.ins:", 1) for ln in text
+                    if ln.startswith("table public.ins_copy:")]
+    else:
+        rows = [json.loads(ln) for ln in text]
+        copied = [_without_positions(r) for r in rows if r.get("table") == "ins"]
+        inserted = [_without_positions({**r, "table": "ins"}) for r in rows
+                    if r.get("table") == "ins_copy"]
+    assert len(copied) == 50
+    assert copied == inserted
+
+
+def _without_positions(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ("xid", "lsn", "nextlsn", "timestamp")}
+
+
+def wait_acknowledged_slot(conninfo: str, slot: str, lsn: LSN) -> None:
+    wait_for(lambda: LSN((slot_row(conninfo, slot) or {}).get("confirmed_flush_lsn") or 0)
+             >= lsn, timeout=120, what=f"slot {slot} acknowledged")
