@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 from jsonmirror import apply, ordered, server_tables
 from jsonschema import Draft202012Validator
+from recorders import with_fast_path
 from streamkit import (
     current_lsn,
     query,
@@ -31,7 +33,9 @@ from streamkit import (
     wait_for,
 )
 
-from plugin_framework import LSN
+from emitters.json import JsonEmitter
+from plugin_framework import LSN, MemoryOutput, Pipeline
+from plugin_framework.sources.snapshot import copy_chunks, published_tables
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
 TABLES = [("public", "big"), ("public", "part")]
@@ -299,3 +303,29 @@ def _without_positions(row: dict[str, Any]) -> dict[str, Any]:
 def wait_acknowledged_slot(conninfo: str, slot: str, lsn: LSN) -> None:
     wait_for(lambda: LSN((slot_row(conninfo, slot) or {}).get("confirmed_flush_lsn") or 0)
              >= lsn, timeout=120, what=f"slot {slot} acknowledged")
+
+
+def test_the_fast_path_writes_the_copy_as_the_change_callback_does(db: Any) -> None:
+    """The json emitter's C formatter writes the copied rows (op snapshot) exactly as its
+    change callback does, for every type of the tables (one path per change)."""
+    make_tables(db.conninfo, rows=3000)
+    query(db.conninfo, "INSERT INTO big VALUES (-1, 'NaN', NULL, E'tab\\there \\\\ \"q\" ü', "
+                       "repeat('long', 3000))")
+    with psycopg.connect(db.conninfo) as conn:
+        tables = published_tables(conn, ["pub"])
+        chunks = [chunk for table in tables for chunk in copy_chunks(conn, table, 700)]
+    outputs = []
+    counts: Counter[str] = Counter()
+    for fast in (True, False):
+        pipeline = Pipeline(proto_version=4)
+        out = MemoryOutput()
+        pipeline.add(with_fast_path(JsonEmitter(), counts, fast=fast), output=out)
+        pipeline.startup()
+        for chunk in chunks:
+            assert chunk.table.relation is not None
+            pipeline.snapshot_rows(chunk.table.relation, chunk.table.types, chunk.inserts,
+                                   LSN("0/1000"), datetime(2026, 1, 1, tzinfo=UTC))
+        outputs.append(out.lines)
+    assert counts["fast"] == len(outputs[0]) > 3000
+    assert outputs[0] == outputs[1]
+    assert all(json.loads(line)["op"] == "snapshot" for line in outputs[0])

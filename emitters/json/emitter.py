@@ -53,7 +53,7 @@ _NO_TXN: Final = b',"xid":null,"commit_lsn":null,"commit_time":null,"origin":nul
 class _State:
     """One decoding context's options, converters and per-relation plans."""
 
-    __slots__ = ("events", "last", "plans", "types")
+    __slots__ = ("events", "last", "plans", "snapshot", "types")
 
     def __init__(self, options: dict[str, Any], catalog: Any) -> None:
         self.types = TypeConverters(numeric_as=options["numeric-as"], bytea=options["bytea"],
@@ -62,6 +62,7 @@ class _State:
         # by Relation object: a new description, a new plan
         self.plans: dict[Any, JsonRelationPlan] = {}
         self.last: tuple[Any, JsonRelationPlan | None] = (None, None)
+        self.snapshot = False  # the transaction begun last holds snapshot rows
 
     def plan(self, relation: Any) -> JsonRelationPlan:
         last, plan = self.last
@@ -88,10 +89,13 @@ class JsonEmitter(OutputPlugin):
 
     def fast_change(self, ctx: Any, relation: Any) -> Any:
         """The relation's C formatter (docs/framework.md, "fast_change"); None where the C
-        module is not built, so every change goes through ``change``."""
+        module is not built, so every change goes through ``change``. It is asked once per
+        transaction, after ``begin``: a snapshot transaction's gets the snapshot head."""
         if not FAST_PATH_BUILT:
             return None
-        return ctx.output_plugin_private.plan(relation).fast
+        state = ctx.output_plugin_private
+        plan = state.plan(relation)
+        return plan.fast_snapshot() if state.snapshot else plan.fast
 
     # -- transactions
 
@@ -101,6 +105,7 @@ class JsonEmitter(OutputPlugin):
 
     def begin(self, ctx: Any, txn: Any) -> None:
         txn.output_plugin_private = _txn_fields(txn)
+        ctx.output_plugin_private.snapshot = txn.is_snapshot
         if ctx.output_plugin_private.events:
             self._event(ctx, "begin", txn)
 

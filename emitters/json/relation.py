@@ -24,11 +24,12 @@ _IDENTITY: Final = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 class JsonRelationPlan:
     """What the json emitter computes once per relation description."""
 
-    __slots__ = ("all_binary", "all_text", "bconv", "fast", "heads", "key_idx", "names",
-                 "opaque", "tconv", "truncate_head")
+    __slots__ = ("_fast_snapshot", "all_binary", "all_text", "bconv", "fast", "heads", "key_idx",
+                 "names", "opaque", "relation_id", "tconv", "truncate_head")
 
     def __init__(self, relation: Any, types: TypeConverters) -> None:
         columns = relation.columns
+        self.relation_id = relation.relation_id
         self.names = tuple(c.name for c in columns)
         self.tconv = tuple(types.text(c.type_oid, c.type_name) for c in columns)
         binary = [types.binary(c.type_oid, c.type_name) for c in columns]
@@ -45,11 +46,21 @@ class JsonRelationPlan:
         self.heads = {action: (b'{"op":"' + action.lower().encode() + b'",' + where, key)
                       for action in ("INSERT", "UPDATE", "DELETE", "SNAPSHOT")}
         self.truncate_head = b'{"op":"truncate",' + where
-        self.fast = row_format(
-            relation.relation_id,
-            tuple(part for action in ("INSERT", "UPDATE", "DELETE")
-                  for part in self.heads[action]),
+        self.fast = self._format("INSERT")
+        self._fast_snapshot: Any = None
+
+    def _format(self, insert: str) -> Any:
+        """The C formatter, with ``insert``'s head for inserts."""
+        return row_format(
+            self.relation_id,
+            tuple(part for action in (insert, "UPDATE", "DELETE") for part in self.heads[action]),
             self.names, self.tconv, self.key_idx)
+
+    def fast_snapshot(self) -> Any:
+        """The C formatter of a snapshot transaction's rows (inserts: op snapshot)."""
+        if self._fast_snapshot is None:
+            self._fast_snapshot = self._format("SNAPSHOT")
+        return self._fast_snapshot
 
 
 _NO_TOAST: Final[list[str]] = []

@@ -28,7 +28,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from plugin_framework.protocol import RelationColumn, RelationMessage, TupleData, Type
+from plugin_framework.protocol import (
+    Insert,
+    RelationColumn,
+    RelationMessage,
+    TupleData,
+    Type,
+    encode,
+)
 from plugin_framework.sources.errors import SourceError
 
 log = logging.getLogger("pgdecode.snapshot")
@@ -59,7 +66,7 @@ class TableCopy:
 @dataclass
 class Chunk:
     table: TableCopy
-    rows: list[TupleData]
+    inserts: list[bytes]  # each row as the pgoutput Insert message the stream would send
     last: bool  # the table's last chunk
 
 
@@ -191,7 +198,7 @@ class SnapshotCopy:
                         break
                     if table is None:
                         break
-                    for chunk in _copy(conn, table, chunk_rows):
+                    for chunk in copy_chunks(conn, table, chunk_rows):
                         while not cancelled.is_set():
                             try:
                                 done.put(chunk, timeout=0.5)
@@ -235,14 +242,17 @@ class SnapshotCopy:
                         t.join(0.1)
 
 
-def _copy(conn: psycopg.Connection[Any], table: TableCopy,
-          chunk_rows: int) -> Iterator[Chunk]:
-    rows: list[TupleData] = []
+def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy,
+                chunk_rows: int) -> Iterator[Chunk]:
+    """A table's rows, as COPY reads them in ``conn``'s transaction, in chunks."""
+    inserts: list[bytes] = []
+    relid = table.relid
     with conn.cursor().copy(copy_statement(table)) as copy:
         for row in copy.rows():
-            rows.append(TupleData(bytes(_NULL if v is None else _TEXT for v in row),
-                                  tuple(None if v is None else v.encode() for v in row)))
-            if len(rows) >= chunk_rows:
-                yield Chunk(table, rows, False)
-                rows = []
-    yield Chunk(table, rows, True)
+            inserts.append(encode(Insert(relid, TupleData(
+                bytes(_NULL if v is None else _TEXT for v in row),
+                tuple(None if v is None else v.encode() for v in row)))))
+            if len(inserts) >= chunk_rows:
+                yield Chunk(table, inserts, False)
+                inserts = []
+    yield Chunk(table, inserts, True)

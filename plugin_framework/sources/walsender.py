@@ -235,8 +235,9 @@ class WalsenderSource:
             for chunk in copy.chunks(self.config.publications, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
-                rows += pipeline.snapshot_rows(table.relation, table.types, chunk.rows, lsn,
-                                               copy.read_time)
+                pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
+                                       copy.read_time)
+                rows += len(chunk.inserts)
                 self.progress.transactions = pipeline.transactions
                 self.progress.changes = pipeline.changes
                 if chunk.last:

@@ -27,14 +27,14 @@ from datetime import datetime
 from typing import Any
 
 from plugin_framework.framework.context import LogicalDecodingContext
-from plugin_framework.framework.model import Action, Relation, Row, Transaction, new_change
+from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.outputs import FileOutput, Output
 from plugin_framework.framework.plugin import LoadedPlugin
 from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.streams import Streams
 from plugin_framework.framework.reorder.twophase import TwoPhase
-from plugin_framework.framework.reorder.txn import PipelineError, TxnState
+from plugin_framework.framework.reorder.txn import PipelineError
 from plugin_framework.protocol import (
     LSN,
     Begin,
@@ -56,7 +56,6 @@ from plugin_framework.protocol import (
     StreamStart,
     StreamStop,
     Truncate,
-    TupleData,
     Type,
     Update,
     encode,
@@ -337,43 +336,26 @@ class Pipeline(Streams, TwoPhase):
     # --- the initial snapshot ------------------------------------------------------------------
 
     def snapshot_rows(self, relation: RelationMessage, types: Iterable[Type],
-                      rows: Iterable[TupleData], lsn: LSN, read_time: datetime) -> int:
+                      inserts: Iterable[bytes], lsn: LSN, read_time: datetime) -> None:
         """Rows of a table's initial copy (sources/snapshot.py), as one read-only transaction
-        of inserts (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``):
-        begin, an insert per row that the change filter keeps, commit. Every plugin gets
-        it; nothing is marked (``end_snapshot`` marks the whole copy). Returns the rows
-        delivered."""
-        if self._txn is not None or self._stream is not None:
-            raise PipelineError("snapshot rows inside a transaction of the stream")
+        (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``): the table's
+        description, then ``inserts``, raw pgoutput Insert messages, which take the path of
+        any transaction's inserts (the change filter, the fast path). Nothing is marked:
+        ``end_snapshot`` marks the whole copy."""
+        self._open(Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
+                               first_lsn=lsn, is_snapshot=True))
         for t in types:
             self._on_type(t, lsn, None)
         self._on_relation(relation, lsn, None)  # described first, as the stream does
-        rel = self.relations[relation.relation_id]
-        state = TxnState(Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
-                                     first_lsn=lsn, is_snapshot=True), started=True)
-        members = self.members
-        live = state.live = list(range(len(members)))
-        views = [self._view(state, i) for i in live]
-        for i in live:
-            self._savepoint(state, i)
-            members[i].call("begin", lsn, 0, views[i])
-        change_filter = self.change_filter
-        delivered = 0
-        for data in rows:
-            change = new_change(Action.INSERT, rel, Row(rel, data), None, False, lsn, 0)
-            if change_filter is not None:
-                filtered = change_filter(change)
-                if filtered is None:
-                    continue
-                change = filtered
-            delivered += 1
-            for i in live:
-                members[i].call_change(lsn, 0, views[i], change)
-        for i in live:
-            members[i].call("commit", lsn, 0, views[i], lsn)
+        feed = self.feed
+        for data in inserts:
+            feed(data, lsn)
+        state = self._current("snapshot rows")
+        self._txn = None
+        for i in state.live:
+            self.members[i].call("commit", lsn, 0, state.views[i], lsn)
+        self._close(state)
         self.transactions += 1
-        self.changes += delivered
-        return delivered
 
     def begin_snapshot(self) -> None:
         """Before the first snapshot rows: outputs that record their state (FILE.progress)

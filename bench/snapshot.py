@@ -1,0 +1,98 @@
+"""Initial snapshot benchmark: `pgdecode stream --snapshot only --emitter json` against
+psql's `\\copy ... TO file` of the same table, in the same run.
+
+    python bench/snapshot.py [--rows N] [--workers N] [--bindir DIR] [--runs N]
+
+Starts a throwaway PostgreSQL cluster (the system's PostgreSQL 15 if installed, else the
+embedded 18), fills the benchmarks' seven-column table (bench/workload.py) with --rows rows
+(default 1,000,000), then times, --runs times (default 3) each, interleaved:
+
+- copy: `psql -c "\\copy bench_orders TO FILE"` (the server's COPY text, written by psql);
+- pgdecode: `pgdecode stream --create-slot --snapshot only --emitter json -f FILE` with a
+  new slot each time (slot creation, the copy and the JSON lines, process start included).
+
+It prints rows/s of each (best run) and the ratio pgdecode/copy; no thresholds, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import INSERT_ROWS, SCHEMA, TABLE, choose_bindir  # bench/ is not a package
+
+from plugin_framework.cluster import LocalCluster
+
+
+def fill(conninfo: str, rows: int) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        step = 100_000
+        for first in range(1, rows + 1, step):
+            conn.execute(INSERT_ROWS, {"first": first, "last": min(rows, first + step - 1)})
+        conn.execute(f"VACUUM ANALYZE {TABLE}")
+
+
+def time_copy(psql: Path, conninfo: str, out: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([str(psql), "-X", "-q", "-d", conninfo, "-c", f"\\copy {TABLE} TO '{out}'"],
+                   check=True)
+    return time.perf_counter() - started
+
+
+def time_pgdecode(conninfo: str, out: Path, slot: str, workers: int) -> float:
+    for suffix in ("", ".progress"):
+        Path(f"{out}{suffix}").unlink(missing_ok=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "plugin_framework.cli", "stream", "-d", conninfo,
+                    "-S", slot, "--publication", "bench_pub", "--create-slot", "--snapshot",
+                    "only", "--snapshot-workers", str(workers), "--emitter", "json", "-f",
+                    str(out), "-q"], check=True)
+    elapsed = time.perf_counter() - started
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bindir")
+    args = parser.parse_args()
+    bindir = choose_bindir(args.bindir)
+    cluster = LocalCluster(bindir)
+    try:
+        cluster.start()
+        conninfo = cluster.conninfo()
+        fill(conninfo, args.rows)
+        copies, ours = [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in range(args.runs):
+                copies.append(time_copy(bindir / "psql", conninfo, Path(tmp) / "copy.txt"))
+                ours.append(time_pgdecode(conninfo, Path(tmp) / "out.jsonl", f"bench{run}",
+                                          args.workers))
+            lines = (Path(tmp) / "out.jsonl").read_bytes().count(b"\n")
+        assert lines == args.rows, (lines, args.rows)
+        copy_rate, our_rate = args.rows / min(copies), args.rows / min(ours)
+        print(f"PostgreSQL {cluster.major_version}, {args.rows:,} rows, {os.cpu_count()} cores, "
+              f"--snapshot-workers {args.workers}, best of {args.runs}")
+        for name, value in (("psql \\copy TO file", f"{copy_rate:,.0f} rows/s"),
+                            ("pgdecode --snapshot only (json)", f"{our_rate:,.0f} rows/s"),
+                            ("ratio pgdecode / copy", f"{our_rate / copy_rate:.2f}")):
+            print(f"{name:<40} {value:>16}")
+    finally:
+        cluster.cleanup()
+
+
+if __name__ == "__main__":
+    main()
