@@ -35,7 +35,10 @@ from streamkit import (
 
 from emitters.json import JsonEmitter
 from plugin_framework import LSN, MemoryOutput, Pipeline
+from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.snapshot import copy_chunks, published_tables
+from plugin_framework.sources.walsender import WalsenderSource
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
 TABLES = [("public", "big"), ("public", "part")]
@@ -166,7 +169,8 @@ def test_initial_snapshot_then_stream_equals_the_tables(db: Any, env: dict[str, 
         writer.done.set()
         assert stop_process(proc) == 0, stderr.read_text()
     assert during > 0, "the writer changed nothing during the copy"
-    assert "initial snapshot:" in stderr.read_text()
+    log = stderr.read_text()
+    assert "initial snapshot done" in log and "snapshot: 2/2 tables, " in log, log
     check_mirror(db, read_lines(out))
 
 
@@ -329,3 +333,16 @@ def test_the_fast_path_writes_the_copy_as_the_change_callback_does(db: Any) -> N
     assert counts["fast"] == len(outputs[0]) > 3000
     assert outputs[0] == outputs[1]
     assert all(json.loads(line)["op"] == "snapshot" for line in outputs[0])
+
+
+def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: Any) -> None:
+    """The Spark emitter's output (here: a MemoryOutput, which has no progress either) cannot
+    tell a later run that a copy did not finish: refused before anything is created."""
+    make_tables(db.conninfo, rows=10)
+    pipeline = Pipeline()
+    pipeline.add(JsonEmitter(), output=MemoryOutput())
+    config = SourceConfig(conninfo=db.conninfo, slot="refused", publications=["pub"],
+                          create_slot=True, snapshot="initial", reconnect=False)
+    with pytest.raises(SourceError, match='"json" cannot take the initial snapshot yet'):
+        WalsenderSource(config, pipeline).run()
+    assert slot_row(db.conninfo, "refused") is None

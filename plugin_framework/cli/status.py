@@ -39,6 +39,10 @@ class StatusLine:
             lag_bytes = max(0, int(p.server_end) - int(p.acked))
             lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
             state = "" if p.connected else " (reconnecting)"
+            if p.snapshot is not None and not p.snapshot.done:
+                sys.stderr.write(f"\r{p.snapshot.describe()}{state}\033[K")
+                sys.stderr.flush()
+                continue
             sys.stderr.write(
                 f"\rreceived {p.received}  acked {p.acked}  lag {lag_bytes} B / {lag_s:.1f} s  "
                 f"{rate_t:.0f} txn/s  {rate_c:.0f} changes/s{state}\033[K"

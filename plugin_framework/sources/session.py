@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,31 @@ class SourceConfig:
 
 
 @dataclass
+class SnapshotProgress:
+    """How far the initial snapshot is (docs/snapshot.md)."""
+
+    tables: int = 0  # to copy
+    rows_estimate: int = 0  # the server's statistics (pg_class.reltuples)
+    tables_done: int = 0
+    rows: int = 0
+    bytes: int = 0  # of the rows, as pgoutput would send them
+    started: float = field(default_factory=time.monotonic)
+    done: bool = False
+
+    def describe(self) -> str:
+        """e.g. "snapshot: 2/5 tables, 1,200,000 of ~3,000,000 rows, 24.1 MB/s, ETA 40 s"."""
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.rows / elapsed
+        text = (f"snapshot: {self.tables_done}/{self.tables} tables, {self.rows:,} of "
+                f"~{max(self.rows_estimate, self.rows):,} rows, "
+                f"{self.bytes / elapsed / 1e6:.1f} MB/s")
+        left = self.rows_estimate - self.rows
+        if rate > 0 and left > 0 and not self.done:
+            text += f", ETA {left / rate:.0f} s"
+        return text
+
+
+@dataclass
 class Progress:
     """What the status line and logs show."""
 
@@ -107,6 +133,7 @@ class Progress:
     changes: int = 0
     connected: bool = False
     reconnects: int = 0
+    snapshot: SnapshotProgress | None = None  # while (and once) the initial copy runs
 
 
 def only_local(pipeline: Pipeline) -> bool:

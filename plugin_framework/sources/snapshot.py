@@ -57,6 +57,7 @@ class TableCopy:
     row_filter: str | None  # the publications' filters, ORed; None: every row
     relation: RelationMessage | None = None
     types: list[Type] = field(default_factory=list)
+    rows_estimate: int = 0  # pg_class.reltuples (of its partitions, for a root)
 
     @property
     def qualified(self) -> str:
@@ -90,6 +91,11 @@ LEFT JOIN pg_index i ON i.indrelid = c.oid
      AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
+"""
+
+_ESTIMATE_SQL = """
+SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples > 0), 0)::bigint
+FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid
 """
 
 _TYPES_SQL = """
@@ -138,6 +144,8 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
     assert identity is not None
     schema = "" if table.schema == "pg_catalog" else table.schema
     table.relation = RelationMessage(table.relid, schema, table.name, identity[0], tuple(cols))
+    estimate = conn.execute(_ESTIMATE_SQL, (table.relid,)).fetchone()
+    table.rows_estimate = int(estimate[0]) if estimate else 0
     user_types = sorted({c.type_oid for c in cols if c.type_oid >= _FIRST_NORMAL_OID})
     if user_types:
         table.types = [Type(oid, ns, name) for oid, ns, name
@@ -177,11 +185,14 @@ class SnapshotCopy:
                 conn.close()
         self.connections = []
 
-    def chunks(self, publications: Sequence[str], stop: Callable[[], bool],
+    def tables(self, publications: Sequence[str]) -> list[TableCopy]:
+        """The published tables, as the snapshot sees them."""
+        return published_tables(self.connections[0], publications)
+
+    def chunks(self, tables: Sequence[TableCopy], stop: Callable[[], bool],
                chunk_rows: int = CHUNK_ROWS) -> Iterator[Chunk]:
-        """Every published table's rows, in chunks; each table's in order, tables in
-        parallel across the connections."""
-        tables = published_tables(self.connections[0], publications)
+        """Every table's rows, in chunks; each table's in order, tables in parallel across
+        the connections."""
         todo: queue.SimpleQueue[TableCopy | None] = queue.SimpleQueue()
         for table in tables:
             todo.put(table)

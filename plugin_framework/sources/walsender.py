@@ -45,6 +45,7 @@ from plugin_framework.sources.replication import (
 )
 from plugin_framework.sources.session import (
     Progress,
+    SnapshotProgress,
     SourceConfig,
     check_proto_version,
     missing_publication,
@@ -132,6 +133,8 @@ class WalsenderSource:
             server_version = repl.conn.info.server_version
             self._check_server(repl, server_version)
             is_init = False
+            if self._snapshot_pending:
+                self._check_snapshot_outputs()
             if cfg.create_slot:
                 is_init = self._create_slot(repl, server_version)
             self._check_slot(repl)  # (after the copy's connections imported the snapshot)
@@ -217,6 +220,18 @@ class WalsenderSource:
             self._copy_lsn = LSN(point)
         return True
 
+    def _check_snapshot_outputs(self) -> None:
+        """Refuse, before the slot is made, outputs that cannot record an unfinished copy
+        (``begin_snapshot``): a run after an interrupted copy could not tell that it must copy
+        again, and their rows would be missing without a word."""
+        for m in self.pipeline.members:
+            if not callable(getattr(m.ctx.output, "begin_snapshot", None)):
+                raise SourceError(
+                    f'--snapshot: output plugin "{m.plugin.name}" cannot take the initial '
+                    "snapshot yet (its output cannot record a copy that did not finish). "
+                    "Nothing was created or streamed. Write the copy with another emitter to "
+                    "a file or stdout, or stream without --snapshot")
+
     def _snapshot_interrupted(self) -> bool:
         return any(getattr(m.ctx.output, "snapshot_state", None) == "copying"
                    for m in self.pipeline.members)
@@ -228,21 +243,27 @@ class WalsenderSource:
         copy = self._copy
         assert copy is not None
         pipeline, lsn = self.pipeline, self._copy_lsn
-        started = time.monotonic()
+        tables = copy.tables(self.config.publications)
+        progress = self.progress.snapshot = SnapshotProgress(
+            tables=len(tables), rows_estimate=sum(t.rows_estimate for t in tables))
+        last_log = time.monotonic()
         pipeline.begin_snapshot()
-        tables = rows = 0
         try:
-            for chunk in copy.chunks(self.config.publications, self._stop.is_set):
+            for chunk in copy.chunks(tables, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
                 pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
                                        copy.read_time)
-                rows += len(chunk.inserts)
+                progress.rows += len(chunk.inserts)
+                progress.bytes += sum(map(len, chunk.inserts))
                 self.progress.transactions = pipeline.transactions
                 self.progress.changes = pipeline.changes
                 if chunk.last:
-                    tables += 1
+                    progress.tables_done += 1
                     log.info("copied %s", table.qualified)
+                if time.monotonic() - last_log >= 10:
+                    last_log = time.monotonic()
+                    log.info("%s", progress.describe())
         except InterruptedError:
             log.info("stopped during the initial snapshot: the next run copies again")
             return False
@@ -254,8 +275,9 @@ class WalsenderSource:
         pipeline.end_snapshot(lsn)
         pipeline.flush()
         self._snapshot_pending = False
-        log.info("initial snapshot: %d rows of %d tables in %.1f s, consistent with the "
-                 "slot at %s", rows, tables, time.monotonic() - started, lsn)
+        progress.done = True
+        log.info("initial snapshot done, consistent with the slot at %s: %s", lsn,
+                 progress.describe())
         return True
 
     def _check_slot(self, repl: ReplicationStream) -> None:
