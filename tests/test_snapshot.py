@@ -19,6 +19,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jsonmirror import apply, ordered, server_tables
 from jsonschema import Draft202012Validator
 from recorders import with_fast_path
@@ -37,7 +39,7 @@ from emitters.json import JsonEmitter
 from plugin_framework import LSN, MemoryOutput, Pipeline
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.session import SourceConfig
-from plugin_framework.sources.snapshot import copy_chunks, published_tables
+from plugin_framework.sources.snapshot import TableCopy, _copyrow, copy_chunks, published_tables
 from plugin_framework.sources.walsender import WalsenderSource
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
@@ -346,3 +348,30 @@ def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: An
     with pytest.raises(SourceError, match='"json" cannot take the initial snapshot yet'):
         WalsenderSource(config, pipeline).run()
     assert slot_row(db.conninfo, "refused") is None
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.text(), st.one_of(st.none(), st.text()),
+                          st.lists(st.one_of(st.none(), st.text()), max_size=3)),
+                min_size=1, max_size=30))
+def test_the_c_copy_reader_gives_the_python_reader_s_messages(
+        pg_module_db: Any, rows: list[tuple[str, str | None, list[str | None]]]) -> None:
+    """The C module turns each COPY row into the Insert message that psycopg's parser and
+    the protocol encoder make of it, byte for byte, for any text the server copies out
+    (tabs, newlines, backslashes, \\N, non-ASCII...)."""
+    if _copyrow is None:
+        pytest.skip("the C module is not built")
+    clean = [(a.replace("\x00", ""), None if b is None else b.replace("\x00", ""),
+              [None if x is None else x.replace("\x00", "") for x in c]) for a, b, c in rows]
+    with psycopg.connect(pg_module_db.conninfo) as conn:
+        conn.execute("CREATE TEMP TABLE hostile (id serial PRIMARY KEY, a text, b text, "
+                     "c text[], n numeric DEFAULT 1.50)")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO hostile (a, b, c) VALUES (%s, %s, %s)", clean)
+        table = TableCopy(0, "pg_temp", "hostile", False, ["id", "a", "b", "c", "n"], None)
+        fast = [i for c in copy_chunks(conn, table, 7) for i in c.inserts]
+        slow = [i for c in copy_chunks(conn, table, 7, fast=False) for i in c.inserts]
+        conn.rollback()
+    assert len(fast) == len(clean)
+    assert fast == slow

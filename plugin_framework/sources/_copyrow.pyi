@@ -1,0 +1,3 @@
+# The C module plugin_framework/sources/_copyrow.c: the initial snapshot's fast path.
+
+def insert_message(head: bytes, ncols: int, row: bytes | bytearray | memoryview) -> bytes: ...
