@@ -375,3 +375,83 @@ def test_the_c_copy_reader_gives_the_python_reader_s_messages(
         conn.rollback()
     assert len(fast) == len(clean)
     assert fast == slow
+
+
+def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str, Any]]:
+    """What a consumer that upserts by key ("id") does with one table's lines: an incremental
+    snapshot's rows come after changes of rows it does not have yet."""
+    rows: dict[Any, dict[str, Any]] = {}
+    for ln in lines:
+        if ln.get("table") != table:
+            continue
+        op = ln["op"]
+        if op in ("update", "delete"):
+            before = ln["old"] if ln["old"] is not None else ln["new"]
+            previous = rows.pop(before["id"], {})
+        if op in ("insert", "snapshot", "update"):
+            row = dict(ln["new"])
+            for column in ln.get("unchanged_toast", []):
+                row[column] = previous[column]
+            rows[row["id"]] = row
+    return rows
+
+
+@pytest.mark.slow
+def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """A table added to the publication of a running stream, then asked for with `pgdecode
+    snapshot`, while a writer changes it (inserts, updates, key changes, deletes): the
+    stream's changes and the chunks delivered between their watermarks, upserted, give the
+    table; the other table streams on; no watermark reaches the output."""
+    make_tables(db.conninfo, rows=30_000)
+    query(db.conninfo, "CREATE TABLE later (id int PRIMARY KEY, v text, n numeric); "
+                       "INSERT INTO later SELECT g, 'v' || g, g FROM generate_series(1, 60000) g")
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", "inc", "--publication", "pub",
+                      "-f", str(out), "--status-interval", "0.2", "--create-slot"],
+                     env=env, stderr_path=stderr)
+    stop = threading.Event()
+
+    def write_later() -> None:
+        r = random.Random(3)
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            n = 0
+            while not stop.is_set():
+                k = r.randint(1, 60000)
+                choice = r.randrange(4)
+                if choice == 0:
+                    conn.execute("INSERT INTO later VALUES (%s, 'new', 0) "
+                                 "ON CONFLICT DO NOTHING", (100_000 + n,))
+                elif choice == 1:
+                    conn.execute("UPDATE later SET v = 'u', n = n + 1 WHERE id = %s", (k,))
+                elif choice == 2:
+                    conn.execute("UPDATE later SET id = id + 200000 WHERE id = %s", (k,))
+                else:
+                    conn.execute("DELETE FROM later WHERE id = %s", (k,))
+                n += 1
+
+    writer = threading.Thread(target=write_later, daemon=True)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, "inc") or {}).get("active"), what="streaming")
+        writer.start()
+        query(db.conninfo, "ALTER PUBLICATION pub ADD TABLE later")
+        result = run_cli(["snapshot", "-d", db.conninfo, "-S", "inc", "--table", "public.later"],
+                         env=env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text(),
+                 timeout=300, what="the incremental snapshot done")
+        stop.set()
+        writer.join(30)
+        wait_acknowledged_slot(db.conninfo, "inc", current_lsn(db.conninfo))
+    finally:
+        stop.set()
+        assert stop_process(proc) == 0, stderr.read_text()
+    lines = read_lines(out)
+    assert not any(ln["op"] == "message" for ln in lines)
+    snapshot_ids = Counter(ln["new"]["id"] for ln in lines if ln["op"] == "snapshot")
+    assert snapshot_ids and max(snapshot_ids.values()) == 1
+    assert any(ln["op"] != "snapshot" and ln["table"] == "later" for ln in lines)
+    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
+        "public", "later"]}
+    assert apply_upserts(lines, "later") == expected

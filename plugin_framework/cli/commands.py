@@ -51,6 +51,7 @@ from plugin_framework.sources.capture import (
     read_header,
 )
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.incremental import request_snapshot
 from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -255,6 +256,25 @@ def cmd_slot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Ask the stream reading the slot for an incremental snapshot of each --table (a
+    message it reads from its slot; docs/snapshot.md). The slot must exist: the stream that
+    reads it (now or later) takes the snapshot."""
+    if not args.slot:
+        raise UsageError("a slot is required: -S SLOT")
+    try:
+        with psycopg.connect(args.dbname or "", autocommit=True) as conn:
+            if not list_slots(conn, args.slot):
+                raise SourceError(f'replication slot "{args.slot}" does not exist: the '
+                                  "snapshot is asked of the stream that reads it")
+            for table in args.table:
+                lsn = request_snapshot(conn, args.slot, table)
+                print(f"asked for an incremental snapshot of {table} at {lsn}")
+    except psycopg.Error as exc:
+        raise explain(exc, args.dbname or "", args.slot) from None
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(args)
     check_emitters(args)  # before a server is started and the workload run
@@ -304,5 +324,6 @@ def check_emitters(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stream": cmd_stream, "capture": cmd_capture, "slot": cmd_slot, "emitters": cmd_emitters,
+    "snapshot": cmd_snapshot,
     "replay": cmd_replay, "demo": cmd_demo,
 }

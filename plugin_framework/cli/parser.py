@@ -106,8 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "the new slot (initial), then stream; or only copy them (only)")
     p.add_argument("--snapshot-workers", type=int, default=2, metavar="N",
                    help="connections copying tables in parallel (default 2)")
+    p.add_argument("--snapshot-table", action="append", metavar="SCHEMA.TABLE",
+                   help="copy a published table's rows into the running stream, chunk by "
+                        "chunk (an incremental snapshot; repeatable)")
     emitter_args(p, "json")
     add_cli_arguments(p)
+
+    p = sub.add_parser("snapshot", help="ask a running stream for an incremental snapshot")
+    connection_args(p)
+    p.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
+                   help="the published table to copy into the stream (repeatable)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("-v", "--verbose", action="store_true")
 
     p = sub.add_parser("capture", help="record a slot's raw stream for `pgdecode replay`")
     connection_args(p)
@@ -178,6 +188,12 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
             raise UsageError("--snapshot needs --source walsender: the copy reads the "
                              "snapshot that creating the slot on the replication connection "
                              "exports")
+    if getattr(args, "snapshot_table", None):
+        if args.source != "walsender":
+            raise UsageError("--snapshot-table needs --source walsender")
+        if args.no_messages:
+            raise UsageError("--snapshot-table needs logical messages (its watermarks are "
+                             "messages in the stream): leave out --no-messages")
     if not 1 <= workers <= 64:
         raise UsageError(f"--snapshot-workers must be between 1 and 64, not {workers}")
     try:
@@ -191,6 +207,7 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         status_interval=args.status_interval, create_slot=args.create_slot,
         slot_two_phase=args.two_phase, temporary_slot=args.temporary,
         reconnect=not args.no_reconnect, snapshot=snapshot, snapshot_workers=workers,
+        snapshot_tables=getattr(args, "snapshot_table", None) or (),
     )
 
 

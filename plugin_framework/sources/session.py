@@ -93,6 +93,8 @@ class SourceConfig:
     temporary_slot: bool = False
     snapshot: str | None = None  # "initial" or "only": copy the tables with a new slot
     snapshot_workers: int = 2
+    # tables to copy into the stream as it runs (incremental.py), e.g. "public.t"
+    snapshot_tables: Sequence[str] = ()
 
 
 @dataclass

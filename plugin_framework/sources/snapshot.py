@@ -259,12 +259,13 @@ class SnapshotCopy:
 
 
 def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int,
-                fast: bool = True) -> Iterator[Chunk]:
+                fast: bool = True, statement: sql.Composed | None = None) -> Iterator[Chunk]:
     """A table's rows, as COPY reads them in ``conn``'s transaction, in chunks. ``fast``:
-    through the C module where it is built (the same bytes, tests/test_snapshot.py)."""
+    through the C module where it is built (the same bytes, tests/test_snapshot.py).
+    ``statement``: another COPY of the table's columns (incremental.py's chunk)."""
     inserts: list[bytes] = []
     relid, ncols = table.relid, len(table.columns)
-    with conn.cursor().copy(copy_statement(table)) as copy:
+    with conn.cursor().copy(statement or copy_statement(table)) as copy:
         if fast and _copyrow is not None:
             # One CopyData message per row, as the server sends COPY TO
             head = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")

@@ -39,6 +39,7 @@ from plugin_framework.sources.errors import (
     explain,
     invalidated_advice,
 )
+from plugin_framework.sources.incremental import IncrementalSnapshot
 from plugin_framework.sources.replication import (
     ReplicationError,
     ReplicationStream,
@@ -60,6 +61,8 @@ from plugin_framework.sources.slots import create_replication_slot_command
 from plugin_framework.sources.snapshot import SnapshotCopy
 
 log = logging.getLogger("pgdecode.source")
+
+_MESSAGE = ord("M")  # a logical message: maybe an incremental snapshot's (incremental.py)
 
 
 class WalsenderSource:
@@ -90,6 +93,7 @@ class WalsenderSource:
         # the initial snapshot (--snapshot): still to take, and the copy of the slot made now
         self._snapshot_pending = config.snapshot is not None
         self._copy: SnapshotCopy | None = None
+        self._incremental: IncrementalSnapshot | None = None
         self._copy_lsn = LSN(0)
 
     def request_stop(self) -> None:
@@ -352,6 +356,7 @@ class WalsenderSource:
         pipeline = self.pipeline
         progress = self.progress
         pipeline.keepalive = self._keepalive_during_replay
+        incremental = self._incremental_snapshot()
         try:
             stop = self._stop.is_set
             read_batch = repl.read_batch
@@ -379,7 +384,11 @@ class WalsenderSource:
                         wal_start = wire_lsn(wal_start_of(raw, 1)[0])
                         if wal_start > received:
                             received = wal_start
-                        feed(raw[header:].tobytes(), wal_start)
+                        payload = raw[header:].tobytes()
+                        if (payload[0] == _MESSAGE or incremental.window is not None) \
+                                and incremental.intercept(payload, wal_start):
+                            continue  # a watermark or a request: not the plugins'
+                        feed(payload, wal_start)
                     else:
                         message = decode_copy_data(raw)
                         if tap is not None:
@@ -394,7 +403,8 @@ class WalsenderSource:
                             continue
                         if message.wal_start > received:
                             received = message.wal_start
-                        feed(message.data, message.wal_start)
+                        if not incremental.intercept(message.data, message.wal_start):
+                            feed(message.data, message.wal_start)
                     if endpos is not None and pipeline.at_boundary \
                             and pipeline.position >= endpos:
                         finished = True
@@ -402,6 +412,8 @@ class WalsenderSource:
                     if stop() and pipeline.at_boundary:
                         break
                 progress.received = received
+                if incremental.busy and pipeline.at_boundary:
+                    incremental.step()  # the next chunk's watermarks and rows
             self._send_status(final=True)
             try:
                 repl.end()
@@ -409,6 +421,31 @@ class WalsenderSource:
                 log.debug("ending the stream: %s", exc)
         except (ReplicationError, psycopg.Error) as exc:
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
+        finally:
+            incremental.close()
+
+    def _incremental_snapshot(self) -> IncrementalSnapshot:
+        """The incremental snapshots of this connection: those of --snapshot-table not
+        finished yet, and those a request message asks for (``pgdecode snapshot``).
+        Unfinished ones start again after a reconnect (see docs/snapshot.md)."""
+        cfg = self.config
+        assert self._proto is not None
+        incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
+                                          self.pipeline, self._proto)
+        previous = self._incremental
+        if previous is not None:
+            pending = ([previous.current.copy.qualified] if previous.current else []) \
+                + previous.queue
+            if previous.current is not None:
+                log.warning("incremental snapshot of %s: the connection was lost during it; "
+                            "it starts again (rows copied before come again)",
+                            previous.current.copy.qualified)
+        else:
+            pending = list(cfg.snapshot_tables)
+        for table in pending:
+            incremental.request(table)
+        self._incremental = incremental
+        return incremental
 
     def _on_keepalive(self, message: PrimaryKeepalive) -> bool:
         """Note the server's WAL end, answer if asked; True when that end reaches --endpos

@@ -336,12 +336,14 @@ class Pipeline(Streams, TwoPhase):
     # --- the initial snapshot ------------------------------------------------------------------
 
     def snapshot_rows(self, relation: RelationMessage, types: Iterable[Type],
-                      inserts: Iterable[bytes], lsn: LSN, read_time: datetime) -> None:
+                      inserts: Iterable[bytes], lsn: LSN, read_time: datetime,
+                      *, mark: bool = False) -> None:
         """Rows of a table's initial copy (sources/snapshot.py), as one read-only transaction
         (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``): the table's
         description, then ``inserts``, raw pgoutput Insert messages, which take the path of
-        any transaction's inserts (the change filter, the fast path). Nothing is marked:
-        ``end_snapshot`` marks the whole copy."""
+        any transaction's inserts (the change filter, the fast path). Nothing is marked
+        (``end_snapshot`` marks the whole initial copy) unless ``mark``: an incremental
+        snapshot's chunk, at its own place in the stream."""
         self._open(Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
                                first_lsn=lsn, is_snapshot=True))
         for t in types:
@@ -356,6 +358,8 @@ class Pipeline(Streams, TwoPhase):
             self.members[i].call("commit", lsn, 0, state.views[i], lsn)
         self._close(state)
         self.transactions += 1
+        if mark:
+            self._mark(range(len(self.members)), lsn)
 
     def begin_snapshot(self) -> None:
         """Before the first snapshot rows: outputs that record their state (FILE.progress)

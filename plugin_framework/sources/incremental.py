@@ -1,0 +1,301 @@
+"""The incremental snapshot: a table's rows copied chunk by chunk into a running stream, with
+no new slot and no pause (the watermark method of DBLog, Netflix 2019; Debezium's incremental
+snapshots).
+
+For each chunk (up to CHUNK_ROWS rows in key order after the last one copied):
+1. a low watermark goes into the WAL (a non-transactional logical message), then the chunk is
+   read (a plain SELECT, read committed), then a high watermark;
+2. the stream is read on as usual; between the two watermarks, in the stream, the keys of the
+   table's changes are noted: those transactions committed while the chunk may have been
+   read, and their changes are in the stream;
+3. at the high watermark, the chunk's rows whose keys were not noted are delivered, as a
+   snapshot transaction (``txn.is_snapshot``) at that point of the stream. A noted row's
+   value is the stream's to give.
+
+A row not changed between the watermarks had, when read, the value it has at the high
+watermark, so a consumer that upserts by key ends with the table. The stream's messages are
+in commit order except streamed and prepared transactions, which the server sends before
+they commit (or never commit): a chunk whose window sees one of those touch the table (or any
+outcome of one) is read again. Watermarks and requests are non-transactional messages with
+the prefix ``pgdecode``: the plugins never see them.
+
+A snapshot is asked for with ``stream --snapshot-table`` or, for a running stream,
+``pgdecode snapshot --table`` (a request message the stream reads from its slot).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from plugin_framework.framework import Pipeline
+from plugin_framework.protocol import LSN, Decoder, Delete, Insert, LogicalMessage, Update
+from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.snapshot import TableCopy, copy_chunks, published_tables
+
+log = logging.getLogger("pgdecode.snapshot")
+
+PREFIX = "pgdecode"  # of the watermark and request messages
+CHUNK_ROWS = 5000
+MAX_RETRIES = 20  # reads of one chunk whose window streamed or prepared transactions crossed
+
+_M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
+# Streamed and prepared transactions are not in commit order (see the module's text)
+_OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
+
+_KEY_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+ORDER BY i.indisprimary DESC, array_position(i.indkey::int2[], a.attnum)
+"""
+
+
+def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str) -> LSN:
+    """Ask the stream reading ``slot`` for an incremental snapshot of ``table`` (a message in
+    the WAL it reads). Returns the message's LSN."""
+    row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                       (PREFIX, json.dumps({"request": "snapshot", "slot": slot,
+                                            "table": table}))).fetchone()
+    assert row is not None
+    return LSN(row[0])
+
+
+@dataclass
+class _Window:
+    """One chunk between its watermarks."""
+
+    chunk_id: str
+    inserts: list[bytes]
+    keys: list[tuple[bytes | None, ...]]
+    open: bool = False  # the low watermark has come by in the stream
+    changed: set[tuple[bytes | None, ...]] = field(default_factory=set)
+    dirty: bool = False  # a streamed or prepared transaction crossed it
+
+
+@dataclass
+class _Table:
+    copy: TableCopy
+    key: list[str]  # the chunking key: the primary key, or the replica identity index
+    key_types: list[str]
+    after: tuple[bytes | None, ...] | None = None  # the last key delivered
+    rows: int = 0
+    retries: int = 0
+
+
+class IncrementalSnapshot:
+    """Takes incremental snapshots of tables inside a stream (see the module's text). The
+    source calls ``intercept`` for each message before feeding it to the pipeline, and
+    ``step`` between reads."""
+
+    def __init__(self, conninfo: str, slot: str, publications: Sequence[str],
+                 pipeline: Pipeline, proto_version: int, chunk_rows: int = CHUNK_ROWS) -> None:
+        self.conninfo, self.slot, self.publications = conninfo, slot, list(publications)
+        self.pipeline = pipeline
+        self.chunk_rows = chunk_rows
+        self.decoder = Decoder(proto_version)
+        self.queue: list[str] = []
+        self.current: _Table | None = None
+        self.window: _Window | None = None
+        self.done: list[str] = []
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def request(self, table: str) -> None:
+        if table not in self.queue and (self.current is None
+                                        or self.current.copy.qualified != table):
+            self.queue.append(table)
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.queue)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True,
+                                         client_encoding="UTF8")
+        return self._conn
+
+    # --- the stream side ------------------------------------------------------------------------
+
+    def intercept(self, data: bytes, lsn: LSN) -> bool:
+        """Look at a message before the pipeline does; True: it is ours, not the plugins'."""
+        tag = data[0]
+        if tag == _M:
+            in_stream = self.pipeline.decoder.in_stream
+            self.decoder.in_stream = in_stream
+            message = self.decoder.decode(data)
+            assert isinstance(message, LogicalMessage)
+            if message.prefix != PREFIX:
+                return self._touches(data, in_stream)
+            if not message.transactional:
+                self._on_message(message, lsn)
+                return True
+            return False
+        window = self.window
+        if window is None or not window.open:
+            return False
+        if tag in _OUT_OF_ORDER:
+            window.dirty = True
+            return False
+        return self._touches(data, self.pipeline.decoder.in_stream)
+
+    def _touches(self, data: bytes, in_stream: bool) -> bool:
+        """Note the keys of a change of the table in the window (never ours to swallow)."""
+        window, table = self.window, self.current
+        if window is None or not window.open or table is None or data[0] not in (_I, _U, _D):
+            return False
+        self.decoder.in_stream = in_stream
+        message = self.decoder.decode(data)
+        assert isinstance(message, Insert | Update | Delete)
+        if message.relation_id != table.copy.relid:
+            return False
+        if in_stream:
+            window.dirty = True
+            return False
+        relation = self.pipeline.relations.get(message.relation_id)
+        if relation is None:
+            window.dirty = True
+            return False
+        positions = [relation.index[name] for name in table.key]
+        for tuple_ in (getattr(message, "new", None), getattr(message, "key", None),
+                       getattr(message, "old", None)):
+            if tuple_ is not None:
+                window.changed.add(tuple(tuple_.values[i] for i in positions))
+        return False
+
+    def _on_message(self, message: LogicalMessage, lsn: LSN) -> None:
+        try:
+            body = json.loads(bytes(message.content))
+        except ValueError:
+            return
+        if body.get("request") == "snapshot" and body.get("slot") == self.slot:
+            log.info("incremental snapshot of %s requested", body.get("table"))
+            self.request(str(body.get("table")))
+            return
+        window = self.window
+        if window is None or body.get("chunk") != window.chunk_id:
+            return
+        if body.get("mark") == "low":
+            window.open = True
+        elif body.get("mark") == "high" and window.open:
+            self._deliver(window, lsn)
+
+    def _deliver(self, window: _Window, lsn: LSN) -> None:
+        table = self.current
+        assert table is not None
+        self.window = None
+        if window.dirty:
+            table.retries += 1
+            if table.retries > MAX_RETRIES:
+                raise SourceError(
+                    f"incremental snapshot of {table.copy.qualified}: {MAX_RETRIES} reads of "
+                    "one chunk in a row overlapped streamed or prepared transactions changing "
+                    "it; take it when such transactions are rarer")
+            return  # read again at the next step
+        table.retries = 0
+        keep = [data for data, key in zip(window.inserts, window.keys, strict=True)
+                if key not in window.changed]
+        assert table.copy.relation is not None
+        self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, keep, lsn,
+                                    _now(), mark=True)
+        table.rows += len(keep)
+        if window.keys:
+            table.after = window.keys[-1]
+        if len(window.inserts) < self.chunk_rows:
+            log.info("incremental snapshot of %s done: %d rows", table.copy.qualified,
+                     table.rows)
+            self.done.append(table.copy.qualified)
+            self.current = None
+
+    # --- the database side ----------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Between reads of the stream: start the next chunk if none is under way."""
+        if self.window is not None:
+            return
+        if self.current is None:
+            if not self.queue:
+                return
+            self.current = self._table(self.queue.pop(0))
+        self.window = self._read_chunk(self.current)
+
+    def _table(self, name: str) -> _Table:
+        conn = self._connection()
+        tables = {t.qualified: t for t in published_tables(conn, self.publications)}
+        schema, _, rel = name.rpartition(".")
+        qualified = f"{schema or 'public'}.{rel}"
+        copy = tables.get(qualified)
+        if copy is None:
+            raise SourceError(
+                f"incremental snapshot of {qualified}: the table is not in the publications "
+                f"{', '.join(self.publications)}: add it (ALTER PUBLICATION ... ADD TABLE) "
+                "first, so that the stream carries its changes")
+        rows = conn.execute(_KEY_SQL, (copy.relid,)).fetchall()
+        if not rows or not all(notnull for _, _, notnull in rows):
+            raise SourceError(
+                f"incremental snapshot of {qualified}: the table has no primary key and no "
+                "replica identity index on NOT NULL columns, so it cannot be read in key "
+                "order: add a primary key")
+        key = [name for name, _, _ in rows]
+        missing = [k for k in key if k not in copy.columns]
+        if missing:
+            raise SourceError(
+                f"incremental snapshot of {qualified}: the publication's column list leaves "
+                f"out key column {missing[0]}")
+        log.info("incremental snapshot of %s: by %s", qualified, ", ".join(key))
+        return _Table(copy, key, [t for _, t, _ in rows])
+
+    def _read_chunk(self, table: _Table) -> _Window:
+        conn = self._connection()
+        chunk_id = uuid.uuid4().hex
+        self._mark(conn, chunk_id, "low")
+        copy = table.copy
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
+        where: list[sql.Composable] = []
+        if table.after is not None:  # COPY takes no parameters: literals, cast to the key's types
+            where.append(sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(
+                sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
+                                         sql.SQL(t))
+                for v, t in zip(table.after, table.key_types, strict=True))))
+        if copy.row_filter is not None:
+            where.append(sql.SQL("({})").format(sql.SQL(copy.row_filter)))
+        statement = sql.SQL("COPY (SELECT {} FROM {}{}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in copy.columns),
+            sql.SQL("" if copy.partitioned else "ONLY "),
+            sql.Identifier(copy.schema, copy.name),
+            sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+            keys, sql.Literal(self.chunk_rows))
+        inserts = [i for chunk in copy_chunks(conn, copy, self.chunk_rows + 1,
+                                              statement=statement) for i in chunk.inserts]
+        self._mark(conn, chunk_id, "high")
+        positions = [copy.columns.index(k) for k in table.key]
+        decoder = Decoder(self.decoder.proto_version)
+        keyed = []
+        for data in inserts:
+            message = decoder.decode(data)
+            assert isinstance(message, Insert)
+            keyed.append(tuple(message.new.values[i] for i in positions))
+        return _Window(chunk_id, inserts, keyed)
+
+    def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
+        conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                     (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark})))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
