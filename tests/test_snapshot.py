@@ -455,3 +455,20 @@ def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
     expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
         "public", "later"]}
     assert apply_upserts(lines, "later") == expected
+
+
+@pytest.mark.parametrize("table,message", [
+    ("public.nokey", "has no primary key and no replica identity index on NOT NULL columns"),
+    ("public.elsewhere", "is not in the publications pub"),
+])
+def test_an_incremental_snapshot_it_cannot_take_is_refused(db: Any, env: dict[str, str],
+                                                           tmp_path: Path, table: str,
+                                                           message: str) -> None:
+    make_tables(db.conninfo, rows=10)
+    query(db.conninfo, "CREATE TABLE nokey (a int, b text); ALTER PUBLICATION pub ADD TABLE nokey;"
+                       "CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    result = run_cli(["stream", "-d", db.conninfo, "-S", "refuse", "--publication", "pub",
+                      "-f", str(tmp_path / "out"), "--create-slot", "--snapshot-table", table,
+                      "--no-reconnect"], env=env, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr

@@ -194,6 +194,9 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         if args.no_messages:
             raise UsageError("--snapshot-table needs logical messages (its watermarks are "
                              "messages in the stream): leave out --no-messages")
+        if args.binary:
+            raise UsageError("--snapshot-table needs text values (the chunk's keys are "
+                             "matched with the stream's): leave out --binary")
     if not 1 <= workers <= 64:
         raise UsageError(f"--snapshot-workers must be between 1 and 64, not {workers}")
     try:

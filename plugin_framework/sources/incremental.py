@@ -97,10 +97,14 @@ class IncrementalSnapshot:
     ``step`` between reads."""
 
     def __init__(self, conninfo: str, slot: str, publications: Sequence[str],
-                 pipeline: Pipeline, proto_version: int, chunk_rows: int = CHUNK_ROWS) -> None:
+                 pipeline: Pipeline, proto_version: int, chunk_rows: int = CHUNK_ROWS,
+                 binary: bool = False) -> None:
+        # binary: the stream's values are in binary format, which the chunk's text keys
+        # cannot be matched with: a snapshot is refused
         self.conninfo, self.slot, self.publications = conninfo, slot, list(publications)
         self.pipeline = pipeline
         self.chunk_rows = chunk_rows
+        self.binary = binary
         self.decoder = Decoder(proto_version)
         self.queue: list[str] = []
         self.current: _Table | None = None
@@ -235,6 +239,11 @@ class IncrementalSnapshot:
         self.window = self._read_chunk(self.current)
 
     def _table(self, name: str) -> _Table:
+        if self.binary:
+            raise SourceError(
+                f"incremental snapshot of {name}: this stream's values are in binary format "
+                "(--binary), and the chunks' keys are matched with the stream's as text: "
+                "take it from a stream without --binary")
         conn = self._connection()
         tables = {t.qualified: t for t in published_tables(conn, self.publications)}
         schema, _, rel = name.rpartition(".")

@@ -431,7 +431,7 @@ class WalsenderSource:
         cfg = self.config
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
-                                          self.pipeline, self._proto)
+                                          self.pipeline, self._proto, binary=cfg.binary)
         previous = self._incremental
         if previous is not None:
             pending = ([previous.current.copy.qualified] if previous.current else []) \
