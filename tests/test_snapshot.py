@@ -472,3 +472,85 @@ def test_an_incremental_snapshot_it_cannot_take_is_refused(db: Any, env: dict[st
                       "--no-reconnect"], env=env, timeout=120)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.slow
+def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """`stream --snapshot-table`, killed at random points of the snapshot (3 times) while a
+    writer changes the table: each restart goes on after the last chunk its file holds
+    (FILE.progress), so no copied row is in the file twice, and upserting the lines gives
+    the table. A restart after it finished does not copy the table again."""
+    query(db.conninfo, "CREATE TABLE later (id int PRIMARY KEY, v text, n numeric); "
+                       "INSERT INTO later SELECT g, 'v' || g, g FROM generate_series(1, 80000) g;"
+                       "CREATE PUBLICATION pub FOR TABLE later")
+    out = tmp_path / "out"
+    stderr = tmp_path / "stderr"
+    command = ["stream", "-d", db.conninfo, "-S", "resumed", "--publication", "pub", "-f",
+               str(out), "--status-interval", "0.2", "--create-slot", "--snapshot-table",
+               "public.later"]
+    stop = threading.Event()
+
+    def write_later() -> None:
+        r = random.Random(4)
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            n = 0
+            while not stop.is_set():
+                k = r.randint(1, 80000)
+                statement, value = [
+                    ("INSERT INTO later VALUES (%s, 'new', 0) ON CONFLICT DO NOTHING",
+                     100_000 + n),
+                    ("UPDATE later SET v = 'u', n = n + 1 WHERE id = %s", k),
+                    ("UPDATE later SET id = id + 200000 WHERE id = %s", k),
+                    ("DELETE FROM later WHERE id = %s", k)][n % 4]
+                conn.execute(statement, (value,))
+                n += 1
+
+    writer = threading.Thread(target=write_later, daemon=True)
+    writer.start()
+    rng = random.Random(16)
+    kills = 0
+    try:
+        for _ in range(10):
+            proc = start_cli(command, env=env, stderr_path=stderr)
+            try:
+                threshold = rng.randint(1, 60_000)
+
+                def copied(proc: Any = proc, threshold: int = threshold) -> bool:
+                    text = out.read_text() if out.exists() else ""
+                    return proc.poll() is not None or text.count('"op":"snapshot"') > threshold \
+                        or "incremental snapshot of public.later done" in stderr.read_text()
+
+                wait_for(copied, timeout=300, interval=0.05, what="some chunks copied")
+                under_way = "table" in (progress_of(out).get("incremental") or {})
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            kills += under_way
+            if kills >= 3:
+                break
+        assert kills >= 3
+        proc = start_cli(command, env=env, stderr_path=stderr)
+        try:
+            wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text()
+                     or (progress_of(out).get("incremental") or {}).get("done"),
+                     timeout=300, what="the snapshot done")
+            stop.set()
+            writer.join(30)
+            wait_acknowledged_slot(db.conninfo, "resumed", current_lsn(db.conninfo))
+        finally:
+            assert stop_process(proc) == 0, stderr.read_text()
+        again = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert "taken already into this output" in again.stderr
+    finally:
+        stop.set()
+    log = stderr.read_text()
+    assert "resumed after key" in log
+    lines = read_lines(out)
+    snapshot_ids = Counter(ln["new"]["id"] for ln in lines if ln["op"] == "snapshot")
+    twice = [k for k, n in snapshot_ids.items() if n > 1]
+    assert snapshot_ids and not twice, twice[:5]
+    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
+        "public", "later"]}
+    assert apply_upserts(lines, "later") == expected

@@ -139,6 +139,11 @@ class FileOutput:
         self._open_streams: list[int] = []
         self._marked_streams: list[int] = []
         self.resume_open_streams: list[int] = []
+        # an incremental snapshot under way (sources/incremental.py): as noted, as of the last
+        # mark, and as of the durable point this file was resumed from
+        self._incremental: dict[str, Any] | None = None
+        self._marked_incremental: dict[str, Any] | None = None
+        self.resume_incremental: dict[str, Any] | None = None
         self._two_phase: bool | None = None  # prepared transactions went in at PREPARE
         # the initial snapshot (docs/snapshot.md): "copying" from its start until "done"
         self.snapshot_state: str | None = None
@@ -229,6 +234,8 @@ class FileOutput:
             if self._two_phase is not None and type(self._two_phase) is not bool:
                 raise ValueError(f"two_phase is {self._two_phase!r}, not true or false")
             self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
+            self.resume_incremental = state.get("incremental")
+            self._incremental = self._marked_incremental = self.resume_incremental
             size = state["size"]
             if type(size) is not int or size < 0:
                 raise ValueError(f"the recorded size {size!r} is not a byte count")
@@ -370,6 +377,12 @@ class FileOutput:
         plugin is told to abort each first, as after a lost connection."""
         self._open_streams = xids
 
+    def note_incremental(self, state: dict[str, Any] | None) -> None:
+        """How far the incremental snapshot is whose chunks this file has up to now (the
+        source says so before each chunk's mark; None: none under way). A restart resumes
+        it from there (``resume_incremental``): each row once in the file."""
+        self._incremental = state
+
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
             self._marked = lsn
@@ -377,6 +390,7 @@ class FileOutput:
                 self._ready()
                 self._marked_size = self._file.tell()
                 self._marked_streams = self._open_streams
+                self._marked_incremental = self._incremental
 
     def flush(self) -> LSN:
         if self._failed is not None:
@@ -466,6 +480,8 @@ class FileOutput:
             state["two_phase"] = self._two_phase
         if self._marked_streams:
             state["open_streams"] = self._marked_streams
+        if self._marked_incremental is not None:
+            state["incremental"] = self._marked_incremental
         if self.snapshot_state is not None:
             state["snapshot"] = self.snapshot_state
         with open(tmp, "w") as f:

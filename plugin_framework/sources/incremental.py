@@ -115,9 +115,11 @@ class IncrementalSnapshot:
     # --- requests -----------------------------------------------------------------------------
 
     def request(self, table: str) -> None:
+        table = qualified_name(table)
         if table not in self.queue and (self.current is None
                                         or self.current.copy.qualified != table):
             self.queue.append(table)
+            self._note_progress()
 
     @property
     def busy(self) -> bool:
@@ -215,16 +217,51 @@ class IncrementalSnapshot:
         keep = [data for data, key in zip(window.inserts, window.keys, strict=True)
                 if key not in window.changed]
         assert table.copy.relation is not None
-        self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, keep, lsn,
-                                    _now(), mark=True)
         table.rows += len(keep)
         if window.keys:
             table.after = window.keys[-1]
-        if len(window.inserts) < self.chunk_rows:
+        finished = len(window.inserts) < self.chunk_rows
+        if finished:
+            self.current = None
+            self.done.append(table.copy.qualified)
+        self._note_progress()  # recorded with the chunk's mark, below
+        self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, keep, lsn,
+                                    _now(), mark=True)
+        if finished:
             log.info("incremental snapshot of %s done: %d rows", table.copy.qualified,
                      table.rows)
-            self.done.append(table.copy.qualified)
-            self.current = None
+
+    def _note_progress(self) -> None:
+        """Tell the outputs that record it (FILE.progress) where the snapshots stand after
+        the chunk being delivered: a restart resumes there."""
+        table = self.current
+        state: dict[str, Any] | None = None
+        if table is not None or self.queue or self.done:
+            state = {"slot": self.slot, "queue": list(self.queue), "done": list(self.done)}
+            if table is not None:
+                state["table"] = table.copy.qualified
+                state["after"] = (None if table.after is None
+                                  else [None if v is None else v.decode() for v in table.after])
+        for m in self.pipeline.members:
+            note = getattr(m.ctx.output, "note_incremental", None)
+            if note is not None:
+                note(state)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Go on with the snapshots an output recorded (``note_incremental``)."""
+        if state.get("slot") != self.slot:
+            return
+        self.done = [str(name) for name in state.get("done", [])]
+        table = state.get("table")
+        if table is not None:
+            self.current = self._table(str(table))
+            after = state.get("after")
+            if after is not None:
+                self.current.after = tuple(None if v is None else str(v).encode()
+                                           for v in after)
+            log.info("incremental snapshot of %s: resumed after key %s", table, after)
+        for name in state.get("queue", []):
+            self.request(str(name))
 
     # --- the database side ----------------------------------------------------------------------
 
@@ -246,8 +283,7 @@ class IncrementalSnapshot:
                 "take it from a stream without --binary")
         conn = self._connection()
         tables = {t.qualified: t for t in published_tables(conn, self.publications)}
-        schema, _, rel = name.rpartition(".")
-        qualified = f"{schema or 'public'}.{rel}"
+        qualified = qualified_name(name)
         copy = tables.get(qualified)
         if copy is None:
             raise SourceError(
@@ -304,6 +340,12 @@ class IncrementalSnapshot:
     def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                      (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark})))
+
+
+def qualified_name(name: str) -> str:
+    """schema.table, "public." when the schema is left out."""
+    schema, _, rel = name.rpartition(".")
+    return f"{schema or 'public'}.{rel}"
 
 
 def _now() -> datetime:

@@ -39,7 +39,7 @@ from plugin_framework.sources.errors import (
     explain,
     invalidated_advice,
 )
-from plugin_framework.sources.incremental import IncrementalSnapshot
+from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
 from plugin_framework.sources.replication import (
     ReplicationError,
     ReplicationStream,
@@ -425,25 +425,31 @@ class WalsenderSource:
             incremental.close()
 
     def _incremental_snapshot(self) -> IncrementalSnapshot:
-        """The incremental snapshots of this connection: those of --snapshot-table not
-        finished yet, and those a request message asks for (``pgdecode snapshot``).
-        Unfinished ones start again after a reconnect (see docs/snapshot.md)."""
+        """The incremental snapshots of this connection: those of --snapshot-table, those a
+        request message asks for (``pgdecode snapshot``), and those under way: after a
+        reconnect, or recorded in an output's progress file, they go on at the next chunk
+        (see docs/snapshot.md)."""
         cfg = self.config
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
                                           self.pipeline, self._proto, binary=cfg.binary)
         previous = self._incremental
         if previous is not None:
-            pending = ([previous.current.copy.qualified] if previous.current else []) \
-                + previous.queue
-            if previous.current is not None:
-                log.warning("incremental snapshot of %s: the connection was lost during it; "
-                            "it starts again (rows copied before come again)",
-                            previous.current.copy.qualified)
+            # A reconnect: the output has every chunk delivered (a lost connection takes
+            # nothing back from it), so the snapshots go on after the last one.
+            incremental.current, incremental.queue = previous.current, previous.queue
         else:
-            pending = list(cfg.snapshot_tables)
-        for table in pending:
-            incremental.request(table)
+            recorded = next((state for m in self.pipeline.members
+                             if (state := getattr(m.ctx.output, "resume_incremental", None))),
+                            None)
+            if recorded is not None:
+                incremental.resume(recorded)  # where the output's last durable chunk left it
+            for table in cfg.snapshot_tables:
+                if qualified_name(table) in incremental.done:
+                    log.info("incremental snapshot of %s: taken already into this output",
+                             table)
+                else:
+                    incremental.request(table)
         self._incremental = incremental
         return incremental
 
