@@ -144,6 +144,7 @@ class FileOutput:
         self._incremental: dict[str, Any] | None = None
         self._marked_incremental: dict[str, Any] | None = None
         self.resume_incremental: dict[str, Any] | None = None
+        self._checkpointed = False  # a snapshot_checkpoint since the last flush
         self._two_phase: bool | None = None  # prepared transactions went in at PREPARE
         # the initial snapshot (docs/snapshot.md): "copying" from its start until "done"
         self.snapshot_state: str | None = None
@@ -383,6 +384,16 @@ class FileOutput:
         it from there (``resume_incremental``): each row once in the file."""
         self._incremental = state
 
+    def snapshot_checkpoint(self) -> None:
+        """A mark at the same LSN: the initial copy's rows written so far, and how far the
+        copy is (``note_incremental``), are made durable at the next flush, so that a run
+        killed during the copy goes on from there (docs/snapshot.md)."""
+        if self._progress is not None:
+            self._ready()
+            self._marked_size = self._file.tell()
+            self._marked_incremental = self._incremental
+            self._checkpointed = True
+
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
             self._marked = lsn
@@ -415,7 +426,8 @@ class FileOutput:
                     failed = exc.strerror or str(exc)
         if failed is not None:
             self._fail(failed)
-        if self._progress is not None and self._marked > self.durable_lsn:
+        if self._progress is not None and (self._marked > self.durable_lsn
+                                           or self._checkpointed):
             self._check_size()
             try:
                 self._save_progress(self._marked, self._marked_size)
@@ -424,6 +436,7 @@ class FileOutput:
             if failed is not None:
                 self._fail(failed, what=f"{self._progress} (where its progress is recorded)")
             self._durable_size = self._marked_size
+            self._checkpointed = False
         self.durable_lsn = self._marked
         if self.hold is not None:
             self.hold.release(self.durable_lsn)

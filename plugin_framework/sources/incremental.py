@@ -51,12 +51,6 @@ _M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
 # Streamed and prepared transactions are not in commit order (see the module's text)
 _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
 
-_KEY_SQL = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
-FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
-ORDER BY i.indisprimary DESC, array_position(i.indkey::int2[], a.attnum)
-"""
 
 
 def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str) -> LSN:
@@ -110,6 +104,8 @@ class IncrementalSnapshot:
         self.current: _Table | None = None
         self.window: _Window | None = None
         self.done: list[str] = []
+        # where to go on with a queued table an earlier run had begun (``resume``)
+        self.resume_after: dict[str, tuple[bytes | None, ...]] = {}
         self._conn: psycopg.Connection[Any] | None = None
 
     # --- requests -----------------------------------------------------------------------------
@@ -237,31 +233,32 @@ class IncrementalSnapshot:
         table = self.current
         state: dict[str, Any] | None = None
         if table is not None or self.queue or self.done:
-            state = {"slot": self.slot, "queue": list(self.queue), "done": list(self.done)}
+            state = {"slot": self.slot, "queue": list(self.queue), "done": list(self.done),
+                     "after": {name: _key_text(key) for name, key in self.resume_after.items()}}
             if table is not None:
                 state["table"] = table.copy.qualified
-                state["after"] = (None if table.after is None
-                                  else [None if v is None else v.decode() for v in table.after])
+                if table.after is not None:
+                    state["after"][table.copy.qualified] = _key_text(table.after)
         for m in self.pipeline.members:
             note = getattr(m.ctx.output, "note_incremental", None)
             if note is not None:
                 note(state)
 
     def resume(self, state: dict[str, Any]) -> None:
-        """Go on with the snapshots an output recorded (``note_incremental``)."""
+        """Go on with the snapshots an output recorded (``note_incremental``, or an initial
+        copy's record of the same form that did not finish): the table under way and those
+        queued, each after the last key the output holds of it."""
         if state.get("slot") != self.slot:
             return
         self.done = [str(name) for name in state.get("done", [])]
+        self.resume_after = {str(name): tuple(None if v is None else str(v).encode()
+                                              for v in key)
+                             for name, key in (state.get("after") or {}).items()}
         table = state.get("table")
-        if table is not None:
-            self.current = self._table(str(table))
-            after = state.get("after")
-            if after is not None:
-                self.current.after = tuple(None if v is None else str(v).encode()
-                                           for v in after)
-            log.info("incremental snapshot of %s: resumed after key %s", table, after)
-        for name in state.get("queue", []):
+        for name in ([table] if table is not None else []) + list(state.get("queue", [])):
             self.request(str(name))
+            log.info("incremental snapshot of %s: resumed after key %s", name,
+                     state.get("after", {}).get(name))
 
     # --- the database side ----------------------------------------------------------------------
 
@@ -272,7 +269,9 @@ class IncrementalSnapshot:
         if self.current is None:
             if not self.queue:
                 return
-            self.current = self._table(self.queue.pop(0))
+            name = self.queue.pop(0)
+            self.current = self._table(name)
+            self.current.after = self.resume_after.pop(name, None)
         self.window = self._read_chunk(self.current)
 
     def _table(self, name: str) -> _Table:
@@ -290,20 +289,19 @@ class IncrementalSnapshot:
                 f"incremental snapshot of {qualified}: the table is not in the publications "
                 f"{', '.join(self.publications)}: add it (ALTER PUBLICATION ... ADD TABLE) "
                 "first, so that the stream carries its changes")
-        rows = conn.execute(_KEY_SQL, (copy.relid,)).fetchall()
-        if not rows or not all(notnull for _, _, notnull in rows):
+        if not copy.key:  # (snapshot.describe: NOT NULL key columns only)
             raise SourceError(
                 f"incremental snapshot of {qualified}: the table has no primary key and no "
                 "replica identity index on NOT NULL columns, so it cannot be read in key "
                 "order: add a primary key")
-        key = [name for name, _, _ in rows]
+        key = copy.key
         missing = [k for k in key if k not in copy.columns]
         if missing:
             raise SourceError(
                 f"incremental snapshot of {qualified}: the publication's column list leaves "
                 f"out key column {missing[0]}")
         log.info("incremental snapshot of %s: by %s", qualified, ", ".join(key))
-        return _Table(copy, key, [t for _, t, _ in rows])
+        return _Table(copy, key, copy.key_types)
 
     def _read_chunk(self, table: _Table) -> _Window:
         conn = self._connection()
@@ -340,6 +338,10 @@ class IncrementalSnapshot:
     def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                      (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark})))
+
+
+def _key_text(key: tuple[bytes | None, ...]) -> list[str | None]:
+    return [None if v is None else v.decode() for v in key]
 
 
 def qualified_name(name: str) -> str:

@@ -29,6 +29,7 @@ import psycopg
 from psycopg import sql
 
 from plugin_framework.protocol import (
+    Decoder,
     Insert,
     RelationColumn,
     RelationMessage,
@@ -63,10 +64,20 @@ class TableCopy:
     relation: RelationMessage | None = None
     types: list[Type] = field(default_factory=list)
     rows_estimate: int = 0  # pg_class.reltuples (of its partitions, for a root)
+    # the key it is read in order of: the primary key, else the replica identity index, if
+    # all NOT NULL (none: read unordered, and an interrupted copy cannot resume; nor if the
+    # column list leaves a key column out: see ``ordered``)
+    key: list[str] = field(default_factory=list)
+    key_types: list[str] = field(default_factory=list)
 
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    @property
+    def ordered(self) -> bool:
+        """Whether it is copied in key order (so that a copy can go on after a key)."""
+        return bool(self.key) and all(k in self.columns for k in self.key)
 
 
 @dataclass
@@ -101,6 +112,15 @@ ORDER BY a.attnum
 _ESTIMATE_SQL = """
 SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples > 0), 0)::bigint
 FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid
+"""
+
+_KEY_SQL = """
+WITH ix AS (
+    SELECT indkey FROM pg_index WHERE indrelid = %(relid)s AND (indisprimary OR indisreplident)
+    ORDER BY indisprimary DESC LIMIT 1)
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM ix JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = ANY(ix.indkey)
+ORDER BY array_position(ix.indkey::int2[], a.attnum)
 """
 
 _TYPES_SQL = """
@@ -149,6 +169,10 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
     assert identity is not None
     schema = "" if table.schema == "pg_catalog" else table.schema
     table.relation = RelationMessage(table.relid, schema, table.name, identity[0], tuple(cols))
+    keys = conn.execute(_KEY_SQL, {"relid": table.relid}).fetchall()
+    if keys and all(notnull for _, _, notnull in keys):
+        table.key = [name for name, _, _ in keys]
+        table.key_types = [type_ for _, type_, _ in keys]
     estimate = conn.execute(_ESTIMATE_SQL, (table.relid,)).fetchone()
     table.rows_estimate = int(estimate[0]) if estimate else 0
     user_types = sorted({c.type_oid for c in cols if c.type_oid >= _FIRST_NORMAL_OID})
@@ -158,12 +182,16 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
 
 
 def copy_statement(table: TableCopy) -> sql.Composed:
+    """COPY of the table's published columns and rows, in key order where it has one."""
     only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
     query = sql.SQL("SELECT {} FROM {}{}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), only,
         sql.Identifier(table.schema, table.name))
     if table.row_filter is not None:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(table.row_filter))
+    if table.ordered:
+        query = sql.SQL("{} ORDER BY {}").format(
+            query, sql.SQL(", ").join(sql.Identifier(k) for k in table.key))
     return sql.SQL("COPY ({}) TO STDOUT").format(query)
 
 
@@ -284,3 +312,12 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
                     yield Chunk(table, inserts, False)
                     inserts = []
     yield Chunk(table, inserts, True)
+
+
+def last_key(decoder: Decoder, table: TableCopy, insert: bytes) -> list[str | None]:
+    """The key of the row an Insert message of the table carries, as text."""
+    message = decoder.decode(insert)
+    assert isinstance(message, Insert)
+    values = message.new.values
+    return [None if (v := values[table.columns.index(k)]) is None else v.decode()
+            for k in table.key]

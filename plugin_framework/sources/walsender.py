@@ -21,12 +21,19 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
-from plugin_framework.protocol import LSN, PrimaryKeepalive, XLogData, decode_copy_data
+from plugin_framework.protocol import (
+    LSN,
+    Decoder,
+    PrimaryKeepalive,
+    XLogData,
+    decode_copy_data,
+)
 from plugin_framework.protocol.framing import (
     XLOGDATA_HEADER_SIZE,
     XLOGDATA_TAG,
@@ -58,7 +65,7 @@ from plugin_framework.sources.session import (
     wal_level_error,
 )
 from plugin_framework.sources.slots import create_replication_slot_command
-from plugin_framework.sources.snapshot import SnapshotCopy
+from plugin_framework.sources.snapshot import SnapshotCopy, last_key
 
 log = logging.getLogger("pgdecode.source")
 
@@ -94,6 +101,7 @@ class WalsenderSource:
         self._snapshot_pending = config.snapshot is not None
         self._copy: SnapshotCopy | None = None
         self._incremental: IncrementalSnapshot | None = None
+        self._initial_resumed = False  # an initial copy cut short goes on incrementally
         self._copy_lsn = LSN(0)
 
     def request_stop(self) -> None:
@@ -152,6 +160,10 @@ class WalsenderSource:
             start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
                            lambda: repl.command(drop_slot), server_lsn=server_lsn)
             self._started = True
+            if self._initial_resumed:
+                # The copy's state goes on in the incremental snapshot's record (kept).
+                self.pipeline.end_snapshot(self.progress.acked)
+                self.pipeline.flush()
         self._proto = proto
         self.server_version = server_version
         self._walsender_pid = repl.conn.info.backend_pid
@@ -197,8 +209,19 @@ class WalsenderSource:
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
         if exists and export and self._snapshot_interrupted():
-            # Made by a run whose copy did not finish (its snapshot went with it), and never
-            # streamed from: made again, with a new snapshot, and the copy taken again.
+            recorded = self._recorded_incremental()
+            if recorded is not None and recorded.get("initial"):
+                # Its snapshot went with the run that made it; the slot still streams from
+                # the consistent point: the tables left are copied as an incremental
+                # snapshot, each after the last key the outputs hold.
+                log.warning('the initial snapshot with replication slot "%s" did not finish: '
+                            "going on with the tables left as an incremental snapshot",
+                            cfg.slot)
+                self._snapshot_pending = False
+                self._initial_resumed = True
+                return False
+            # Made by a run whose copy did not finish, and never streamed from: made again,
+            # with a new snapshot, and the copy taken again.
             log.warning('the initial snapshot with replication slot "%s" did not finish: '
                         "dropping the slot and copying again with a new one", cfg.slot)
             repl.command(f"DROP_REPLICATION_SLOT {quote_ident_always(cfg.slot)} WAIT")
@@ -236,6 +259,14 @@ class WalsenderSource:
                     "Nothing was created or streamed. Write the copy with another emitter to "
                     "a file or stdout, or stream without --snapshot")
 
+    def _recorded_incremental(self) -> dict[str, Any] | None:
+        """How far an output's snapshot was (FILE.progress), if it records one."""
+        for m in self.pipeline.members:
+            state = getattr(m.ctx.output, "resume_incremental", None)
+            if state:
+                return dict(state)
+        return None
+
     def _snapshot_interrupted(self) -> bool:
         return any(getattr(m.ctx.output, "snapshot_state", None) == "copying"
                    for m in self.pipeline.members)
@@ -250,7 +281,13 @@ class WalsenderSource:
         tables = copy.tables(self.config.publications)
         progress = self.progress.snapshot = SnapshotProgress(
             tables=len(tables), rows_estimate=sum(t.rows_estimate for t in tables))
-        last_log = time.monotonic()
+        last_log = last_flush = time.monotonic()
+        # Copied in key order, a copy cut short goes on after the last key an output holds
+        # (as an incremental snapshot: docs/snapshot.md); else it starts again.
+        resumable = all(t.ordered for t in tables)
+        done: list[str] = []
+        after: dict[str, list[str | None]] = {}
+        decoder = Decoder(self._proto or 1)
         pipeline.begin_snapshot()
         try:
             for chunk in copy.chunks(tables, self._stop.is_set):
@@ -264,18 +301,33 @@ class WalsenderSource:
                 self.progress.changes = pipeline.changes
                 if chunk.last:
                     progress.tables_done += 1
+                    done.append(table.qualified)
+                    after.pop(table.qualified, None)
                     log.info("copied %s", table.qualified)
-                if time.monotonic() - last_log >= 10:
-                    last_log = time.monotonic()
+                elif resumable and chunk.inserts:
+                    after[table.qualified] = last_key(decoder, table, chunk.inserts[-1])
+                if resumable:
+                    pipeline.snapshot_checkpoint({
+                        "slot": self.config.slot, "initial": True, "done": list(done),
+                        "queue": [t.qualified for t in tables if t.qualified not in done],
+                        "after": dict(after)})
+                now = time.monotonic()
+                if resumable and now - last_flush >= 1:
+                    last_flush = now
+                    pipeline.flush()
+                if now - last_log >= 10:
+                    last_log = now
                     log.info("%s", progress.describe())
         except InterruptedError:
-            log.info("stopped during the initial snapshot: the next run copies again")
+            log.info("stopped during the initial snapshot: the next run goes on with it")
             return False
         except psycopg.Error as exc:
             raise explain(exc, self.config.conninfo, self.config.slot) from None
         finally:
             copy.close()
             self._copy = None
+        if resumable:
+            pipeline.snapshot_checkpoint(None)
         pipeline.end_snapshot(lsn)
         pipeline.flush()
         self._snapshot_pending = False
@@ -439,9 +491,7 @@ class WalsenderSource:
             # nothing back from it), so the snapshots go on after the last one.
             incremental.current, incremental.queue = previous.current, previous.queue
         else:
-            recorded = next((state for m in self.pipeline.members
-                             if (state := getattr(m.ctx.output, "resume_incremental", None))),
-                            None)
+            recorded = self._recorded_incremental()
             if recorded is not None:
                 incremental.resume(recorded)  # where the output's last durable chunk left it
             for table in cfg.snapshot_tables:

@@ -370,6 +370,18 @@ class Pipeline(Streams, TwoPhase):
             if begin is not None:
                 begin()
 
+    def snapshot_checkpoint(self, state: dict[str, Any] | None) -> None:
+        """The initial copy's rows so far are whole transactions in every output, and
+        ``state`` says how far the copy is (the form of an incremental snapshot's record:
+        sources/incremental.py): outputs that record it do, durably at the next flush."""
+        for m in self.members:
+            output = m.ctx.output
+            note = getattr(output, "note_incremental", None)
+            checkpoint = getattr(output, "snapshot_checkpoint", None)
+            if note is not None and checkpoint is not None:
+                note(state)
+                checkpoint()
+
     def end_snapshot(self, lsn: LSN) -> None:
         """The copy is complete: every output holds what it had of it once durable at
         ``lsn`` (the slot's consistent point), and records the copy as done."""
