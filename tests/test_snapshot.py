@@ -397,6 +397,22 @@ def test_the_c_copy_reader_gives_the_python_reader_s_messages(
     assert fast == slow
 
 
+def change_later(conninfo: str, stop: threading.Event, seed: int, rows: int) -> None:
+    """Insert, update, change the key of and delete rows of table "later" until ``stop``."""
+    r = random.Random(seed)
+    statements = ["INSERT INTO later VALUES (%s, 'new', 0) ON CONFLICT DO NOTHING",
+                  "UPDATE later SET v = 'u', n = n + 1 WHERE id = %s",
+                  "UPDATE later SET id = id + 200000 WHERE id = %s",
+                  "DELETE FROM later WHERE id = %s"]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        n = 0
+        while not stop.is_set():
+            choice = r.randrange(4)
+            conn.execute(statements[choice],
+                         (100_000 + n if choice == 0 else r.randint(1, rows),))
+            n += 1
+
+
 def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str, Any]]:
     """What a consumer that upserts by key ("id") does with one table's lines: an incremental
     snapshot's rows come after changes of rows it does not have yet."""
@@ -432,26 +448,8 @@ def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
                       "-f", str(out), "--status-interval", "0.2", "--create-slot"],
                      env=env, stderr_path=stderr)
     stop = threading.Event()
-
-    def write_later() -> None:
-        r = random.Random(3)
-        with psycopg.connect(db.conninfo, autocommit=True) as conn:
-            n = 0
-            while not stop.is_set():
-                k = r.randint(1, 60000)
-                choice = r.randrange(4)
-                if choice == 0:
-                    conn.execute("INSERT INTO later VALUES (%s, 'new', 0) "
-                                 "ON CONFLICT DO NOTHING", (100_000 + n,))
-                elif choice == 1:
-                    conn.execute("UPDATE later SET v = 'u', n = n + 1 WHERE id = %s", (k,))
-                elif choice == 2:
-                    conn.execute("UPDATE later SET id = id + 200000 WHERE id = %s", (k,))
-                else:
-                    conn.execute("DELETE FROM later WHERE id = %s", (k,))
-                n += 1
-
-    writer = threading.Thread(target=write_later, daemon=True)
+    writer = threading.Thread(target=change_later, args=(db.conninfo, stop, 3, 60000),
+                              daemon=True)
     try:
         wait_for(lambda: (slot_row(db.conninfo, "inc") or {}).get("active"), what="streaming")
         writer.start()
@@ -510,23 +508,8 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
                str(out), "--status-interval", "0.2", "--create-slot", "--snapshot-table",
                "public.later"]
     stop = threading.Event()
-
-    def write_later() -> None:
-        r = random.Random(4)
-        with psycopg.connect(db.conninfo, autocommit=True) as conn:
-            n = 0
-            while not stop.is_set():
-                k = r.randint(1, 80000)
-                statement, value = [
-                    ("INSERT INTO later VALUES (%s, 'new', 0) ON CONFLICT DO NOTHING",
-                     100_000 + n),
-                    ("UPDATE later SET v = 'u', n = n + 1 WHERE id = %s", k),
-                    ("UPDATE later SET id = id + 200000 WHERE id = %s", k),
-                    ("DELETE FROM later WHERE id = %s", k)][n % 4]
-                conn.execute(statement, (value,))
-                n += 1
-
-    writer = threading.Thread(target=write_later, daemon=True)
+    writer = threading.Thread(target=change_later, args=(db.conninfo, stop, 4, 80000),
+                              daemon=True)
     writer.start()
     rng = random.Random(16)
     kills = 0
