@@ -557,3 +557,28 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
     expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
         "public", "later"]}
     assert apply_upserts(lines, "later") == expected
+
+
+def test_a_request_for_a_table_it_cannot_take_leaves_the_stream_running(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """`pgdecode snapshot --table` with a table that is not published: the running stream
+    says why and goes on streaming."""
+    make_tables(db.conninfo, rows=10)
+    query(db.conninfo, "CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", "asked", "--publication", "pub",
+                      "-f", str(out), "--status-interval", "0.2", "--create-slot"],
+                     env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, "asked") or {}).get("active"), what="streaming")
+        result = run_cli(["snapshot", "-d", db.conninfo, "-S", "asked", "--table", "elsewhere"],
+                         env=env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "is not in the publications pub" in stderr.read_text(),
+                 what="the refusal")
+        query(db.conninfo, "INSERT INTO big VALUES (-5, 1, NULL, 'after', NULL)")
+        wait_acknowledged_slot(db.conninfo, "asked", current_lsn(db.conninfo))
+        assert proc.poll() is None
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    assert [ln["new"]["id"] for ln in read_lines(out)] == [-5]

@@ -106,6 +106,7 @@ class IncrementalSnapshot:
         self.done: list[str] = []
         # where to go on with a queued table an earlier run had begun (``resume``)
         self.resume_after: dict[str, tuple[bytes | None, ...]] = {}
+        self.asked: set[str] = set()  # tables a request message asked for
         self._conn: psycopg.Connection[Any] | None = None
 
     # --- requests -----------------------------------------------------------------------------
@@ -185,9 +186,13 @@ class IncrementalSnapshot:
             body = json.loads(bytes(message.content))
         except ValueError:
             return
+        if not isinstance(body, dict):
+            return
         if body.get("request") == "snapshot" and body.get("slot") == self.slot:
-            log.info("incremental snapshot of %s requested", body.get("table"))
-            self.request(str(body.get("table")))
+            table = qualified_name(str(body.get("table")))
+            log.info("incremental snapshot of %s requested", table)
+            self.asked.add(table)
+            self.request(table)
             return
         window = self.window
         if window is None or body.get("chunk") != window.chunk_id:
@@ -270,7 +275,15 @@ class IncrementalSnapshot:
             if not self.queue:
                 return
             name = self.queue.pop(0)
-            self.current = self._table(name)
+            try:
+                self.current = self._table(name)
+            except SourceError as exc:
+                if name not in self.asked:
+                    raise  # --snapshot-table: the command line is wrong
+                # asked by `pgdecode snapshot`: the stream goes on without it
+                log.error("%s; the request is dropped", exc)
+                self._note_progress()
+                return
             self.current.after = self.resume_after.pop(name, None)
         self.window = self._read_chunk(self.current)
 
