@@ -22,14 +22,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from plugin_framework.framework.durable import replace_durably
 from plugin_framework.framework.model import Column, Relation, Transaction
 from plugin_framework.framework.spool import _ENTRY, Entry, Spool, SpoolBudget
 from plugin_framework.protocol import LSN
@@ -101,17 +101,17 @@ class HoldStore:
         assert txn.gid is not None
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(txn.gid, txn.xid)
-        tmp = path.with_name(path.name + ".tmp")
-        crc = 0
-        count = 0
-        with open(tmp, "wb") as f:
+
+        def write_entry(f: IO[bytes]) -> None:
+            crc = 0
+            count = 0
+
             def write(data: bytes) -> None:
                 nonlocal crc
                 f.write(data)
                 crc = zlib.crc32(data, crc)
 
-            header = _header(held)
-            write(header)
+            write(_header(held))
             frames = bytearray()
             for lsn, xid, in_stream, raw in held.frames:
                 frames += _ENTRY.pack(lsn, xid, in_stream, len(raw))
@@ -122,10 +122,8 @@ class HoldStore:
                     frames.clear()
             write(bytes(frames))
             f.write(count.to_bytes(8, "big") + crc.to_bytes(4, "big"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_directory(self.directory)
+
+        replace_durably(path, write_entry)
         held.path = path
         return path
 
@@ -169,16 +167,6 @@ class HoldStore:
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     path.with_name(path.name + _DONE).unlink(missing_ok=True)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems do not fsync directories
-    finally:
-        os.close(fd)
 
 
 # --- the header: JSON --------------------------------------------------------------------------

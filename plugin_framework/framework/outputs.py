@@ -9,7 +9,6 @@ function's tuplestore); here each write is an ``OutputRecord`` handed to the plu
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, Protocol
 
 from plugin_framework._frozen import frozen_setters, new_object
+from plugin_framework.framework.durable import NO_FSYNC, replace_durably
 from plugin_framework.framework.hold import HoldStore
 from plugin_framework.protocol import LSN
 
@@ -422,7 +422,7 @@ class FileOutput:
                 # was handed is as durable as it gets. Anything else, and any error on a
                 # regular file, means the data may not be on disk; the kernel may report that
                 # only once, so it is never tried again as if it had worked.
-                if self._regular or exc.errno not in _NO_FSYNC:
+                if self._regular or exc.errno not in NO_FSYNC:
                     failed = exc.strerror or str(exc)
         if failed is not None:
             self._fail(failed)
@@ -485,7 +485,6 @@ class FileOutput:
         """Replace the progress file atomically and durably (the directory too: the server
         forgets what it is told is durable, so this must survive a power loss)."""
         assert self._progress is not None
-        tmp = self._progress.with_name(self._progress.name + ".tmp")
         state: dict[str, Any] = {"lsn": str(lsn), "size": size}
         if self._slot is not None:
             state["slot"] = self._slot
@@ -497,22 +496,7 @@ class FileOutput:
             state["incremental"] = self._marked_incremental
         if self.snapshot_state is not None:
             state["snapshot"] = self.snapshot_state
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._progress)
-        try:
-            fd = os.open(self._progress.parent, os.O_RDONLY)
-        except OSError:
-            return  # a directory that cannot be opened cannot be fsynced either
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            if exc.errno not in _NO_FSYNC:  # some file systems do not fsync directories
-                raise
-        finally:
-            os.close(fd)
+        replace_durably(self._progress, lambda f: f.write(json.dumps(state).encode()))
 
     def close(self) -> None:
         """Make what was marked durable and close. Lines written after the last mark (a
@@ -534,9 +518,6 @@ class FileOutput:
                 else:
                     self._file.close()
 
-
-# fsync errors that mean "this kind of file cannot be fsynced", not "the data may be lost"
-_NO_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS})
 
 
 def _lock_holder(st: os.stat_result) -> int | None:
