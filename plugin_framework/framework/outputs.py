@@ -389,19 +389,22 @@ class FileOutput:
         copy is (``note_incremental``), are made durable at the next flush, so that a run
         killed during the copy goes on from there (docs/snapshot.md)."""
         if self._progress is not None:
-            self._ready()
-            self._marked_size = self._file.tell()
-            self._marked_incremental = self._incremental
+            self._record_mark()
             self._checkpointed = True
 
     def mark(self, lsn: LSN) -> None:
         if lsn > self._marked:
             self._marked = lsn
             if self._progress is not None:
-                self._ready()
-                self._marked_size = self._file.tell()
-                self._marked_streams = self._open_streams
-                self._marked_incremental = self._incremental
+                self._record_mark()
+
+    def _record_mark(self) -> None:
+        """What the next flush records durable: the file's size now, and the state noted
+        with it (open streams, an incremental snapshot's progress)."""
+        self._ready()
+        self._marked_size = self._file.tell()
+        self._marked_streams = self._open_streams
+        self._marked_incremental = self._incremental
 
     def flush(self) -> LSN:
         if self._failed is not None:
