@@ -34,12 +34,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN, Decoder, Delete, Insert, LogicalMessage, Update
 from plugin_framework.sources.errors import SourceError
-from plugin_framework.sources.snapshot import TableCopy, copy_chunks, published_tables
+from plugin_framework.sources.snapshot import (
+    Key,
+    TableCopy,
+    copy_chunks,
+    copy_statement,
+    key_text,
+    published_tables,
+    row_key,
+)
 
 log = logging.getLogger("pgdecode.snapshot")
 
@@ -69,18 +76,16 @@ class _Window:
 
     chunk_id: str
     inserts: list[bytes]
-    keys: list[tuple[bytes | None, ...]]
+    keys: list[Key]
     open: bool = False  # the low watermark has come by in the stream
-    changed: set[tuple[bytes | None, ...]] = field(default_factory=set)
+    changed: set[Key] = field(default_factory=set)
     dirty: bool = False  # a streamed or prepared transaction crossed it
 
 
 @dataclass
 class _Table:
-    copy: TableCopy
-    key: list[str]  # the chunking key: the primary key, or the replica identity index
-    key_types: list[str]
-    after: tuple[bytes | None, ...] | None = None  # the last key delivered
+    copy: TableCopy  # read in the order of copy.key
+    after: Key | None = None  # the last key delivered
     rows: int = 0
     retries: int = 0
 
@@ -105,7 +110,7 @@ class IncrementalSnapshot:
         self.window: _Window | None = None
         self.done: list[str] = []
         # where to go on with a queued table an earlier run had begun (``resume``)
-        self.resume_after: dict[str, tuple[bytes | None, ...]] = {}
+        self.resume_after: dict[str, Key] = {}
         self.asked: set[str] = set()  # tables a request message asked for
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -174,7 +179,7 @@ class IncrementalSnapshot:
         if relation is None:
             window.dirty = True
             return False
-        positions = [relation.index[name] for name in table.key]
+        positions = [relation.index[name] for name in table.copy.key]
         for tuple_ in (getattr(message, "new", None), getattr(message, "key", None),
                        getattr(message, "old", None)):
             if tuple_ is not None:
@@ -239,11 +244,11 @@ class IncrementalSnapshot:
         state: dict[str, Any] | None = None
         if table is not None or self.queue or self.done:
             state = {"slot": self.slot, "queue": list(self.queue), "done": list(self.done),
-                     "after": {name: _key_text(key) for name, key in self.resume_after.items()}}
+                     "after": {name: key_text(key) for name, key in self.resume_after.items()}}
             if table is not None:
                 state["table"] = table.copy.qualified
                 if table.after is not None:
-                    state["after"][table.copy.qualified] = _key_text(table.after)
+                    state["after"][table.copy.qualified] = key_text(table.after)
         for m in self.pipeline.members:
             note = getattr(m.ctx.output, "note_incremental", None)
             if note is not None:
@@ -307,54 +312,30 @@ class IncrementalSnapshot:
                 f"incremental snapshot of {qualified}: the table has no primary key and no "
                 "replica identity index on NOT NULL columns, so it cannot be read in key "
                 "order: add a primary key")
-        key = copy.key
-        missing = [k for k in key if k not in copy.columns]
+        missing = [k for k in copy.key if k not in copy.columns]
         if missing:
             raise SourceError(
                 f"incremental snapshot of {qualified}: the publication's column list leaves "
                 f"out key column {missing[0]}")
-        log.info("incremental snapshot of %s: by %s", qualified, ", ".join(key))
-        return _Table(copy, key, copy.key_types)
+        log.info("incremental snapshot of %s: by %s", qualified, ", ".join(copy.key))
+        return _Table(copy)
 
     def _read_chunk(self, table: _Table) -> _Window:
         conn = self._connection()
         chunk_id = uuid.uuid4().hex
         self._mark(conn, chunk_id, "low")
         copy = table.copy
-        keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
-        where: list[sql.Composable] = []
-        if table.after is not None:  # COPY takes no parameters: literals, cast to the key's types
-            where.append(sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(
-                sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
-                                         sql.SQL(t))
-                for v, t in zip(table.after, table.key_types, strict=True))))
-        if copy.row_filter is not None:
-            where.append(sql.SQL("({})").format(sql.SQL(copy.row_filter)))
-        statement = sql.SQL("COPY (SELECT {} FROM {}{}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in copy.columns),
-            sql.SQL("" if copy.partitioned else "ONLY "),
-            sql.Identifier(copy.schema, copy.name),
-            sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
-            keys, sql.Literal(self.chunk_rows))
+        statement = copy_statement(copy, after=table.after, limit=self.chunk_rows)
         inserts = [i for chunk in copy_chunks(conn, copy, self.chunk_rows + 1,
                                               statement=statement) for i in chunk.inserts]
         self._mark(conn, chunk_id, "high")
-        positions = [copy.columns.index(k) for k in table.key]
         decoder = Decoder(self.decoder.proto_version)
-        keyed = []
-        for data in inserts:
-            message = decoder.decode(data)
-            assert isinstance(message, Insert)
-            keyed.append(tuple(message.new.values[i] for i in positions))
+        keyed = [row_key(decoder, copy, data) for data in inserts]
         return _Window(chunk_id, inserts, keyed)
 
     def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                      (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark})))
-
-
-def _key_text(key: tuple[bytes | None, ...]) -> list[str | None]:
-    return [None if v is None else v.decode() for v in key]
 
 
 def qualified_name(name: str) -> str:

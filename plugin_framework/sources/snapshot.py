@@ -47,6 +47,7 @@ except ImportError:  # installed without a C compiler: psycopg's parser and our 
 log = logging.getLogger("pgdecode.snapshot")
 
 CHUNK_ROWS = 5000  # rows per synthetic transaction
+Key = tuple[bytes | None, ...]  # a row's key columns, as pgoutput's text sends them
 _FIRST_NORMAL_OID = 16384  # types below are built in: pgoutput sends no Type message
 _NULL, _TEXT = ord("n"), ord("t")
 
@@ -181,17 +182,29 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
                        in conn.execute(_TYPES_SQL, (user_types,)).fetchall()]
 
 
-def copy_statement(table: TableCopy) -> sql.Composed:
-    """COPY of the table's published columns and rows, in key order where it has one."""
+def copy_statement(table: TableCopy, after: Key | None = None,
+                   limit: int | None = None) -> sql.Composed:
+    """COPY of the table's published columns and rows, in key order where it has one; with
+    ``after`` and ``limit``, the next chunk of them (incremental.py)."""
     only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
     query = sql.SQL("SELECT {} FROM {}{}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), only,
         sql.Identifier(table.schema, table.name))
+    keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
+    where: list[sql.Composable] = []
     if table.row_filter is not None:
-        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(table.row_filter))
+        where.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
+    if after is not None:  # COPY takes no parameters: literals, cast to the key's types
+        where.append(sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(
+            sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
+                                     sql.SQL(t))
+            for v, t in zip(after, table.key_types, strict=True))))
+    if where:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
     if table.ordered:
-        query = sql.SQL("{} ORDER BY {}").format(
-            query, sql.SQL(", ").join(sql.Identifier(k) for k in table.key))
+        query = sql.SQL("{} ORDER BY {}").format(query, keys)
+    if limit is not None:
+        query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit))
     return sql.SQL("COPY ({}) TO STDOUT").format(query)
 
 
@@ -290,7 +303,7 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
                 fast: bool = True, statement: sql.Composed | None = None) -> Iterator[Chunk]:
     """A table's rows, as COPY reads them in ``conn``'s transaction, in chunks. ``fast``:
     through the C module where it is built (the same bytes, tests/test_snapshot.py).
-    ``statement``: another COPY of the table's columns (incremental.py's chunk)."""
+    ``statement``: a copy_statement of part of them (incremental.py's chunk)."""
     inserts: list[bytes] = []
     relid, ncols = table.relid, len(table.columns)
     with conn.cursor().copy(statement or copy_statement(table)) as copy:
@@ -314,10 +327,14 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
     yield Chunk(table, inserts, True)
 
 
-def last_key(decoder: Decoder, table: TableCopy, insert: bytes) -> list[str | None]:
-    """The key of the row an Insert message of the table carries, as text."""
+def row_key(decoder: Decoder, table: TableCopy, insert: bytes) -> Key:
+    """The key of the row an Insert message of the table carries."""
     message = decoder.decode(insert)
     assert isinstance(message, Insert)
     values = message.new.values
-    return [None if (v := values[table.columns.index(k)]) is None else v.decode()
-            for k in table.key]
+    return tuple(values[table.columns.index(k)] for k in table.key)
+
+
+def key_text(key: Key) -> list[str | None]:
+    """A key as the progress file records it."""
+    return [None if v is None else v.decode() for v in key]

@@ -65,7 +65,7 @@ from plugin_framework.sources.session import (
     wal_level_error,
 )
 from plugin_framework.sources.slots import create_replication_slot_command
-from plugin_framework.sources.snapshot import SnapshotCopy, last_key
+from plugin_framework.sources.snapshot import SnapshotCopy, key_text, row_key
 
 log = logging.getLogger("pgdecode.source")
 
@@ -305,7 +305,7 @@ class WalsenderSource:
                     after.pop(table.qualified, None)
                     log.info("copied %s", table.qualified)
                 elif resumable and chunk.inserts:
-                    after[table.qualified] = last_key(decoder, table, chunk.inserts[-1])
+                    after[table.qualified] = key_text(row_key(decoder, table, chunk.inserts[-1]))
                 if resumable:
                     pipeline.snapshot_checkpoint({
                         "slot": self.config.slot, "initial": True, "done": list(done),
