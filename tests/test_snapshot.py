@@ -117,6 +117,10 @@ def command(conninfo: str, out: Path, *extra: str) -> list[str]:
             "--status-interval", "0.2", "--create-slot", "--snapshot", "initial", *extra]
 
 
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def progress_of(out: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(Path(f"{out}.progress").read_text()))
@@ -205,9 +209,11 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
         for attempt in range(20):
             proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
             try:
-                threshold = rng.randint(10_000, 25_000_000)
-                # Every other kill waits for a durable record of the copy (about a second
-                # in), so that both ways on are taken however fast the machine is.
+                # Killed once the file has grown by a random amount, small beside the copy
+                # (70 MB), so that a run seldom finishes it; every other kill also waits
+                # for a durable record of the copy (about a second in), so that both ways
+                # on are taken however fast the machine is.
+                threshold = size(out) + rng.randint(10_000, 5_000_000)
                 recorded = attempt % 2 == 1
 
                 def written(proc: Any = proc, threshold: int = threshold,
@@ -216,7 +222,7 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
                         return True
                     if recorded and not (progress_of(out).get("incremental") or {}).get("queue"):
                         return False
-                    return out.exists() and out.stat().st_size > threshold
+                    return size(out) > threshold
 
                 wait_for(written, timeout=600, interval=0.01, what="some of the copy written")
                 under_way = snapshot_state(out)[0]

@@ -70,6 +70,9 @@ from plugin_framework.sources.snapshot import SnapshotCopy, key_text, row_key
 log = logging.getLogger("pgdecode.source")
 
 _MESSAGE = ord("M")  # a logical message: maybe an incremental snapshot's (incremental.py)
+# The initial copy is made durable (and resumable from there) every second, or every so many
+# chunks (50,000 rows) where a second copies more: a fast copy must not end unrecorded.
+_CHECKPOINT_CHUNKS = 10
 
 
 class WalsenderSource:
@@ -282,6 +285,7 @@ class WalsenderSource:
         progress = self.progress.snapshot = SnapshotProgress(
             tables=len(tables), rows_estimate=sum(t.rows_estimate for t in tables))
         last_log = last_flush = time.monotonic()
+        unflushed = 0  # chunks since the last flush
         # Copied in key order, a copy cut short goes on after the last key an output holds
         # (as an incremental snapshot: docs/snapshot.md); else it starts again.
         resumable = all(t.ordered for t in tables)
@@ -312,8 +316,9 @@ class WalsenderSource:
                         "queue": [t.qualified for t in tables if t.qualified not in done],
                         "after": dict(after)})
                 now = time.monotonic()
-                if resumable and now - last_flush >= 1:
-                    last_flush = now
+                unflushed += 1
+                if resumable and (now - last_flush >= 1 or unflushed >= _CHECKPOINT_CHUNKS):
+                    last_flush, unflushed = now, 0
                     pipeline.flush()
                 if now - last_log >= 10:
                     last_log = now
