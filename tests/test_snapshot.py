@@ -594,3 +594,56 @@ def test_a_request_for_a_table_it_cannot_take_leaves_the_stream_running(
     finally:
         assert stop_process(proc) == 0, stderr.read_text()
     assert [ln["new"]["id"] for ln in read_lines(out)] == [-5]
+
+
+@pytest.mark.slow
+def test_incremental_snapshot_goes_on_after_lost_connections(db: Any, env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """The walsender is terminated twice during `--snapshot-table small --snapshot-table
+    later`, after small is done: the stream reconnects and the snapshots go on after their
+    last chunk, knowing what they had done, so that a later run with the same command copies
+    neither table again; each row is copied once."""
+    query(db.conninfo, "CREATE TABLE later (id int PRIMARY KEY, v text, n numeric); "
+                       "INSERT INTO later SELECT g, 'v' || g, g FROM generate_series(1, 80000) g;"
+                       "CREATE TABLE small (id int PRIMARY KEY); "
+                       "INSERT INTO small SELECT generate_series(1, 1000);"
+                       "CREATE PUBLICATION pub FOR TABLE later, small")
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    command = ["stream", "-d", db.conninfo, "-S", "lost", "--publication", "pub", "-f",
+               str(out), "--status-interval", "0.2", "--create-slot", "--snapshot-table",
+               "public.small", "--snapshot-table", "public.later"]
+    stop = threading.Event()
+    writer = threading.Thread(target=change_later, args=(db.conninfo, stop, 5, 80000),
+                              daemon=True)
+    writer.start()
+    proc = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        for cut in (1, 2):
+            wait_for(lambda cut=cut: stderr.read_text().count("reconnecting in") >= cut - 1
+                     and (slot_row(db.conninfo, "lost") or {}).get("active")
+                     and size(out) > cut * 1_500_000, timeout=300, interval=0.01,
+                     what="some chunks copied")
+            log = stderr.read_text()
+            assert "incremental snapshot of public.small done" in log
+            assert "incremental snapshot of public.later done" not in log
+            query(db.conninfo, "SELECT pg_terminate_backend(active_pid) "
+                               "FROM pg_replication_slots WHERE slot_name = 'lost'")
+        wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text(),
+                 timeout=300, what="the snapshot done")
+        stop.set()
+        writer.join(30)
+        wait_acknowledged_slot(db.conninfo, "lost", current_lsn(db.conninfo))
+    finally:
+        stop.set()
+        assert stop_process(proc) == 0, stderr.read_text()
+    log = stderr.read_text()
+    assert log.count("reconnecting in") >= 2, log
+    again = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("taken already into this output") == 2, again.stderr
+    lines = read_lines(out)
+    copied = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
+    assert copied and max(copied.values()) == 1
+    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
+        "public", "later"]}
+    assert apply_upserts(lines, "later") == expected

@@ -128,6 +128,9 @@ class IncrementalSnapshot:
         return self.current is not None or bool(self.queue)
 
     def close(self) -> None:
+        """At the end of a stream: the chunk under way is read again from the next one (its
+        watermarks may never come), and the connection is opened again when needed."""
+        self.window = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -486,25 +486,24 @@ class WalsenderSource:
         request message asks for (``pgdecode snapshot``), and those under way: after a
         reconnect, or recorded in an output's progress file, they go on at the next chunk
         (see docs/snapshot.md)."""
+        if self._incremental is not None:
+            # A reconnect: the output has every chunk delivered (a lost connection takes
+            # nothing back from it), so the snapshots go on after the last one, with all
+            # they knew (tables done, asked for, resume points); only the chunk whose
+            # watermarks were in the lost stream is read again.
+            return self._incremental
         cfg = self.config
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
                                           self.pipeline, self._proto, binary=cfg.binary)
-        previous = self._incremental
-        if previous is not None:
-            # A reconnect: the output has every chunk delivered (a lost connection takes
-            # nothing back from it), so the snapshots go on after the last one.
-            incremental.current, incremental.queue = previous.current, previous.queue
-        else:
-            recorded = self._recorded_incremental()
-            if recorded is not None:
-                incremental.resume(recorded)  # where the output's last durable chunk left it
-            for table in cfg.snapshot_tables:
-                if qualified_name(table) in incremental.done:
-                    log.info("incremental snapshot of %s: taken already into this output",
-                             table)
-                else:
-                    incremental.request(table)
+        recorded = self._recorded_incremental()
+        if recorded is not None:
+            incremental.resume(recorded)  # where the output's last durable chunk left it
+        for table in cfg.snapshot_tables:
+            if qualified_name(table) in incremental.done:
+                log.info("incremental snapshot of %s: taken already into this output", table)
+            else:
+                incremental.request(table)
         self._incremental = incremental
         return incremental
 
