@@ -96,7 +96,8 @@ class HoldStore:
         return self.directory / f"{digest}-{xid}{_SUFFIX}"
 
     def save(self, held: HeldTransaction) -> Path:
-        """Write an entry durably (a crash leaves the old one or the new one, whole)."""
+        """Write an entry durably (a crash leaves the old one or the new one, whole);
+        returns its path."""
         txn = held.txn
         assert txn.gid is not None
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,6 @@ class HoldStore:
             f.write(count.to_bytes(8, "big") + crc.to_bytes(4, "big"))
 
         replace_durably(path, write_entry)
-        held.path = path
         return path
 
     def outcome(self, path: Path, end_lsn: LSN) -> None:

@@ -39,33 +39,38 @@ class Holding(Acknowledgement):
         return hold if isinstance(hold, HoldStore) else None
 
     def _store_held(self, state: TxnState, prepare_end: LSN) -> None:
-        """At PREPARE: write an entry for each waiting member whose output can hold one."""
+        """At PREPARE: write an entry for each waiting member whose output can hold one
+        (the entry of a kind is made once, and saved to each of those outputs)."""
         for kind, members in ((WHOLE, state.held), (STREAM, state.streamed_held)):
-            for i in members:
-                store = self._hold_of(i)
-                if store is None:
-                    continue
-                if kind == WHOLE:
-                    spool: Spool | None = state.spool
-                    start = {relid: rel for relid, rel in state.replay_relations.items()
-                             if rel is not None}
-                    start_map = {**self.relations, **start}
-                else:
-                    block = state.remainder
-                    spool = block.spool if block is not None else None
-                    start_map = block.relations if block is not None else {}
-                frames: list[Entry] | Spool = spool if spool is not None else []
-                held = HeldTransaction(
-                    kind=kind, slot=self.slot_name, txn=state.base, prepare_end=prepare_end,
-                    relations=self._needed_relations(frames, start_map),
-                    aborted_subxids=set(state.aborted_subxids),
-                    streamed_subxids=set(state.streamed_subxids),
-                    catalog_changes=state.catalog_changes,
-                    remainder_lsns=(None if kind == WHOLE or state.remainder is None
-                                    else (state.remainder.start_lsn, state.remainder.stop_lsn)),
-                    frames=frames,
-                )
+            stores = [(i, store) for i in members if (store := self._hold_of(i)) is not None]
+            if not stores:
+                continue
+            held = self._held(state, kind, prepare_end)
+            for i, store in stores:
                 state.entries[i] = store.save(held)
+
+    def _held(self, state: TxnState, kind: str, prepare_end: LSN) -> HeldTransaction:
+        """What an entry of ``kind`` holds of a prepared transaction."""
+        if kind == WHOLE:
+            spool: Spool | None = state.spool
+            start = {relid: rel for relid, rel in state.replay_relations.items()
+                     if rel is not None}
+            start_map = {**self.relations, **start}
+        else:
+            block = state.remainder
+            spool = block.spool if block is not None else None
+            start_map = block.relations if block is not None else {}
+        frames: list[Entry] | Spool = spool if spool is not None else []
+        return HeldTransaction(
+            kind=kind, slot=self.slot_name, txn=state.base, prepare_end=prepare_end,
+            relations=self._needed_relations(frames, start_map),
+            aborted_subxids=set(state.aborted_subxids),
+            streamed_subxids=set(state.streamed_subxids),
+            catalog_changes=state.catalog_changes,
+            remainder_lsns=(None if kind == WHOLE or state.remainder is None
+                            else (state.remainder.start_lsn, state.remainder.stop_lsn)),
+            frames=frames,
+        )
 
     def _needed_relations(self, frames: Iterable[Entry],
                           start: dict[int, Relation]) -> dict[int, Relation]:
@@ -116,9 +121,10 @@ class Holding(Acknowledgement):
                                  self._view(state, i), None)
         self._close(state)
 
-    def _restored(self, *, gid: str | None = None, xid: int | None = None) -> TxnState | None:
+    def _restored(self, xid: int) -> TxnState | None:
+        """The restored prepared transaction of ``xid``, if any."""
         for state in self._prepared.values():
-            if state.restored and (state.base.gid == gid or state.base.xid == xid):
+            if state.restored and state.base.xid == xid:
                 return state
         return None
 

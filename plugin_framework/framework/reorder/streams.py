@@ -37,7 +37,7 @@ class Streams(Holding, Replay):
     def _on_stream_start(self, m: StreamStart, lsn: LSN, raw: bytes | None) -> None:
         state = self._streams.get(m.xid)
         if state is None:
-            restored = self._restored(xid=m.xid) if m.first_segment else None
+            restored = self._restored(m.xid) if m.first_segment else None
             if restored is not None:
                 self._drop_restored(restored)  # streamed again: take the new copy
             if not m.first_segment:
