@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -117,6 +118,31 @@ def command(conninfo: str, out: Path, *extra: str) -> list[str]:
             "--status-interval", "0.2", "--create-slot", "--snapshot", "initial", *extra]
 
 
+def kill_during(command: list[str], env: dict[str, str], stderr: Path, *, kills: int,
+                attempts: int, until: Callable[[int], Callable[[], bool]],
+                under_way: Callable[[], bool]) -> None:
+    """Start the command and kill -9 it once ``until(attempt)()`` is true (or it exits),
+    again and again, until ``kills`` of the kills found the snapshot ``under_way``."""
+    found = 0
+    for attempt in range(attempts):
+        proc = start_cli(command, env=env, stderr_path=stderr)
+        try:
+            reached = until(attempt)
+
+            def stopped(proc: Any = proc, reached: Callable[[], bool] = reached) -> bool:
+                return proc.poll() is not None or reached()
+
+            wait_for(stopped, timeout=600, interval=0.01, what="some of the copy written")
+            found += under_way()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        if found >= kills:
+            return
+    raise AssertionError(f"{found} of {attempts} kills found the snapshot under way, not "
+                         f"{kills}")
+
+
 def size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
@@ -128,13 +154,28 @@ def progress_of(out: Path) -> dict[str, Any]:
         return {}
 
 
+def assert_copied_once(lines: list[dict[str, Any]]) -> None:
+    copied = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
+    assert copied, "no snapshot rows"
+    twice = [k for k, n in copied.items() if n > 1]
+    assert not twice, f"{len(twice)} rows copied twice, e.g. {twice[:3]}"
+
+
+def check_upserted(db: Any, lines: list[dict[str, Any]],
+                   tables: Sequence[tuple[str, str]] = (("public", "later"),)) -> None:
+    """No row copied twice, and upserting the lines by id (as a consumer of a snapshot that
+    went on after an interruption, or of an incremental one, must) gives the tables."""
+    assert_copied_once(lines)
+    expected = server_tables(db, list(tables), {})
+    for schema, table in tables:
+        assert apply_upserts(lines, table) == {r["id"]: r for r in expected[schema, table]}, \
+            table
+
+
 def check_mirror(db: Any, lines: list[dict[str, Any]]) -> None:
     """The copy, then the stream, applied to empty tables gives the server's tables; no row
     was copied twice, and the lines are valid."""
-    snapshot = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
-    assert snapshot, "no snapshot rows"
-    twice = [k for k, n in snapshot.items() if n > 1]
-    assert not twice, f"{len(twice)} rows copied twice, e.g. {twice[:3]}"
+    assert_copied_once(lines)
     assert any(ln["op"] != "snapshot" for ln in lines), "nothing streamed"
     first_stream = next(i for i, ln in enumerate(lines) if ln["op"] != "snapshot")
     assert all(ln["op"] != "snapshot" for ln in lines[first_stream:]), "copy after the stream"
@@ -203,36 +244,27 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
     stderr = tmp_path / "stderr"
     rng = random.Random(15)
     writer = Writer(db.conninfo, seed=2)
-    kills = 0
     writer.start()
     try:
-        for attempt in range(20):
-            proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
-            try:
-                # Killed once the file has grown by a random amount, small beside the copy
-                # (70 MB), so that a run seldom finishes it; every other kill also waits
-                # for a durable record of the copy (about a second in), so that both ways
-                # on are taken however fast the machine is.
-                threshold = size(out) + rng.randint(10_000, 5_000_000)
-                recorded = attempt % 2 == 1
+        def grown(attempt: int) -> Callable[[], bool]:
+            # Killed once the file has grown by a random amount, small beside the copy
+            # (70 MB), so that a run seldom finishes it; every other kill also waits for a
+            # durable record of the copy (about a second in), so that both ways on are
+            # taken however fast the machine is.
+            threshold = size(out) + rng.randint(10_000, 5_000_000)
 
-                def written(proc: Any = proc, threshold: int = threshold,
-                            recorded: bool = recorded) -> bool:
-                    if proc.poll() is not None or snapshot_state(out)[1]:
-                        return True
-                    if recorded and not (progress_of(out).get("incremental") or {}).get("queue"):
-                        return False
-                    return size(out) > threshold
+            def reached() -> bool:
+                if snapshot_state(out)[1]:
+                    return True
+                if attempt % 2 == 1 and \
+                        not (progress_of(out).get("incremental") or {}).get("queue"):
+                    return False
+                return size(out) > threshold
 
-                wait_for(written, timeout=600, interval=0.01, what="some of the copy written")
-                under_way = snapshot_state(out)[0]
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            kills += under_way
-            if kills >= 5:
-                break
-        assert kills >= 5
+            return reached
+
+        kill_during(command(db.conninfo, out), env, stderr, kills=5, attempts=20,
+                    until=grown, under_way=lambda: snapshot_state(out)[0])
         proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
         try:
             wait_for(lambda: snapshot_state(out)[1], timeout=600, what="the copy done")
@@ -245,13 +277,7 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
     finally:
         writer.done.set()
     assert "going on with the tables left as an incremental snapshot" in stderr.read_text()
-    lines = read_lines(out)
-    copied = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
-    twice = [k for k, n in copied.items() if n > 1]
-    assert copied and not twice, f"{len(twice)} rows copied twice, e.g. {twice[:3]}"
-    expected = server_tables(db, TABLES, {})
-    for schema, table in TABLES:
-        assert apply_upserts(lines, table) == {r["id"]: r for r in expected[schema, table]}
+    check_upserted(db, read_lines(out), TABLES)
 
 
 def test_snapshot_needs_a_new_slot(db: Any, env: dict[str, str], tmp_path: Path) -> None:
@@ -479,12 +505,8 @@ def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
         assert stop_process(proc) == 0, stderr.read_text()
     lines = read_lines(out)
     assert not any(ln["op"] == "message" for ln in lines)
-    snapshot_ids = Counter(ln["new"]["id"] for ln in lines if ln["op"] == "snapshot")
-    assert snapshot_ids and max(snapshot_ids.values()) == 1
     assert any(ln["op"] != "snapshot" and ln["table"] == "later" for ln in lines)
-    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
-        "public", "later"]}
-    assert apply_upserts(lines, "later") == expected
+    check_upserted(db, lines)
 
 
 @pytest.mark.parametrize("table,message", [
@@ -524,27 +546,15 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
                               daemon=True)
     writer.start()
     rng = random.Random(16)
-    kills = 0
     try:
-        for _ in range(10):
-            proc = start_cli(command, env=env, stderr_path=stderr)
-            try:
-                threshold = rng.randint(1, 60_000)
+        def copied(attempt: int) -> Callable[[], bool]:
+            threshold = rng.randint(1, 60_000)
+            return lambda: (
+                (out.read_text() if out.exists() else "").count('"op":"snapshot"') > threshold
+                or "incremental snapshot of public.later done" in stderr.read_text())
 
-                def copied(proc: Any = proc, threshold: int = threshold) -> bool:
-                    text = out.read_text() if out.exists() else ""
-                    return proc.poll() is not None or text.count('"op":"snapshot"') > threshold \
-                        or "incremental snapshot of public.later done" in stderr.read_text()
-
-                wait_for(copied, timeout=300, interval=0.05, what="some chunks copied")
-                under_way = "table" in (progress_of(out).get("incremental") or {})
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            kills += under_way
-            if kills >= 3:
-                break
-        assert kills >= 3
+        kill_during(command, env, stderr, kills=3, attempts=10, until=copied,
+                    under_way=lambda: "table" in (progress_of(out).get("incremental") or {}))
         proc = start_cli(command, env=env, stderr_path=stderr)
         try:
             wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text()
@@ -562,13 +572,7 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
         stop.set()
     log = stderr.read_text()
     assert "resumed after key" in log
-    lines = read_lines(out)
-    snapshot_ids = Counter(ln["new"]["id"] for ln in lines if ln["op"] == "snapshot")
-    twice = [k for k, n in snapshot_ids.items() if n > 1]
-    assert snapshot_ids and not twice, twice[:5]
-    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
-        "public", "later"]}
-    assert apply_upserts(lines, "later") == expected
+    check_upserted(db, read_lines(out))
 
 
 def test_a_request_for_a_table_it_cannot_take_leaves_the_stream_running(
@@ -641,9 +645,4 @@ def test_incremental_snapshot_goes_on_after_lost_connections(db: Any, env: dict[
     again = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env, timeout=120)
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("taken already into this output") == 2, again.stderr
-    lines = read_lines(out)
-    copied = Counter((ln["table"], ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
-    assert copied and max(copied.values()) == 1
-    expected = {r["id"]: r for r in server_tables(db, [("public", "later")], {})[
-        "public", "later"]}
-    assert apply_upserts(lines, "later") == expected
+    check_upserted(db, read_lines(out))
