@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -68,10 +69,11 @@ def make_tables(conninfo: str, rows: int = ROWS) -> None:
 class Writer(threading.Thread):
     """Changes the published tables, one small transaction at a time, until stopped."""
 
-    def __init__(self, conninfo: str, seed: int) -> None:
+    def __init__(self, conninfo: str, seed: int, pause: float = 0.0) -> None:
         super().__init__(daemon=True)
         self.conninfo = conninfo
         self.random = random.Random(seed)
+        self.pause = pause  # seconds between transactions
         self.done = threading.Event()
         self.ops = 0
         self.error: BaseException | None = None
@@ -103,6 +105,8 @@ class Writer(threading.Thread):
                                          "ON CONFLICT DO NOTHING", (-self.ops,))
                             conn.execute("UPDATE unpublished SET id = id WHERE id = 1")
                     self.ops += 1
+                    if self.pause:
+                        time.sleep(self.pause)
         except BaseException as exc:
             self.error = exc
 
@@ -396,8 +400,8 @@ def test_the_fast_path_writes_the_copy_as_the_change_callback_does(db: Any) -> N
 
 
 def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: Any) -> None:
-    """The Spark emitter's output (here: a MemoryOutput, which has no progress either) cannot
-    tell a later run that a copy did not finish: refused before anything is created."""
+    """An output without a record of its progress (a MemoryOutput) cannot tell a later run
+    that a copy did not finish: refused before anything is created."""
     make_tables(db.conninfo, rows=10)
     pipeline = Pipeline()
     pipeline.add(JsonEmitter(), output=MemoryOutput())
@@ -547,11 +551,15 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
     writer.start()
     rng = random.Random(16)
     try:
+        def snapshot_lines() -> int:
+            return (out.read_text() if out.exists() else "").count('"op":"snapshot"')
+
         def copied(attempt: int) -> Callable[[], bool]:
-            threshold = rng.randint(1, 60_000)
-            return lambda: (
-                (out.read_text() if out.exists() else "").count('"op":"snapshot"') > threshold
-                or "incremental snapshot of public.later done" in stderr.read_text())
+            # Killed once this run has copied a random number of rows more than the file
+            # already holds, small beside the table, so that three kills rarely finish it.
+            threshold = snapshot_lines() + rng.randint(1, 15_000)
+            return lambda: (snapshot_lines() > threshold
+                            or "incremental snapshot of public.later done" in stderr.read_text())
 
         kill_during(command, env, stderr, kills=3, attempts=10, until=copied,
                     under_way=lambda: "table" in (progress_of(out).get("incremental") or {}))
