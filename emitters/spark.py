@@ -110,6 +110,13 @@ class SparkEmitter(ForeachBatchPlugin):
 
     name = "spark"
 
+    def checkpoint_path(self, ctx: Any) -> str | None:
+        if self.checkpoint_dir is None and ctx is not None:
+            path: str | None = parse_options(OPTIONS, ctx.output_plugin_options or {})[
+                "checkpoint"]
+            return path
+        return self.checkpoint_dir
+
     def configure(self, ctx: Any) -> None:
         opts = parse_options(OPTIONS, ctx.output_plugin_options or {})
         if opts["checkpoint"] is not None:

@@ -252,10 +252,7 @@ class IncrementalSnapshot:
                 state["table"] = table.copy.qualified
                 if table.after is not None:
                     state["after"][table.copy.qualified] = key_text(table.after)
-        for m in self.pipeline.members:
-            note = getattr(m.ctx.output, "note_incremental", None)
-            if note is not None:
-                note(state)
+        self.pipeline.note_snapshot_progress(state)
 
     def resume(self, state: dict[str, Any]) -> None:
         """Go on with the snapshots an output recorded (``note_incremental``, or an initial

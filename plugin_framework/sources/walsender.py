@@ -234,9 +234,14 @@ class WalsenderSource:
                 log.warning('replication slot "%s" exists already, without two_phase: '
                             "--two-phase applies only to a slot created now", cfg.slot)
             if export:
-                log.warning('replication slot "%s" exists already: the initial snapshot is '
-                            "taken only with a new slot, so it is not taken again",
-                            cfg.slot)
+                if any(getattr(m.ctx.output, "snapshot_state", None) == "done"
+                       for m in self.pipeline.members):
+                    log.info('the initial snapshot with replication slot "%s" is in the '
+                             "output already: streaming on", cfg.slot)
+                else:
+                    log.warning('replication slot "%s" exists already: the initial snapshot '
+                                "is taken only with a new slot, so it is not taken again",
+                                cfg.slot)
                 self._snapshot_pending = False
             return False
         rows = repl.command(create_replication_slot_command(
@@ -261,6 +266,24 @@ class WalsenderSource:
                     "snapshot yet (its output cannot record a copy that did not finish). "
                     "Nothing was created or streamed. Write the copy with another emitter to "
                     "a file or stdout, or stream without --snapshot")
+
+    def _refuse_unresumable_copy(self, tables: list[str]) -> None:
+        """A copy not in key order is taken again whole after an interruption: refused for
+        outputs that cannot take back what they delivered of it (Spark's batches). Said
+        after ``begin_snapshot``, so that the next run makes the slot again."""
+        for m in self.pipeline.members:
+            if getattr(m.ctx.output, "copy_must_resume", False):
+                if self._repl is not None:  # made by this run, for this copy: not kept
+                    with contextlib.suppress(psycopg.Error):
+                        self._repl.command(
+                            f"DROP_REPLICATION_SLOT {quote_ident_always(self.config.slot)}")
+                raise SourceError(
+                    f'--snapshot: output plugin "{m.plugin.name}" delivers the copy in '
+                    "batches it cannot take back, so the copy must be able to go on after an "
+                    f"interruption; {', '.join(tables)} cannot (no primary key and no replica "
+                    "identity index on NOT NULL columns to copy in order). Give the table a "
+                    "primary key, or leave it out of the publication for the copy. The slot "
+                    "made for it was dropped again")
 
     def _recorded_incremental(self) -> dict[str, Any] | None:
         """How far an output's snapshot was (FILE.progress), if it records one."""
@@ -293,28 +316,33 @@ class WalsenderSource:
         after: dict[str, list[str | None]] = {}
         decoder = Decoder(self._proto or 1)
         pipeline.begin_snapshot()
+        if not resumable:
+            self._refuse_unresumable_copy([t.qualified for t in tables if not t.ordered])
         try:
             for chunk in copy.chunks(tables, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
+                if chunk.last:
+                    done.append(table.qualified)
+                    after.pop(table.qualified, None)
+                elif resumable and chunk.inserts:
+                    after[table.qualified] = key_text(row_key(decoder, table, chunk.inserts[-1]))
+                if resumable:
+                    pipeline.note_snapshot_progress({
+                        "slot": self.config.slot, "initial": True, "done": list(done),
+                        "queue": [t.qualified for t in tables if t.qualified not in done],
+                        "after": dict(after)})
                 pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
                                        copy.read_time)
+                if resumable:
+                    pipeline.snapshot_checkpoint()
                 progress.rows += len(chunk.inserts)
                 progress.bytes += sum(map(len, chunk.inserts))
                 self.progress.transactions = pipeline.transactions
                 self.progress.changes = pipeline.changes
                 if chunk.last:
                     progress.tables_done += 1
-                    done.append(table.qualified)
-                    after.pop(table.qualified, None)
                     log.info("copied %s", table.qualified)
-                elif resumable and chunk.inserts:
-                    after[table.qualified] = key_text(row_key(decoder, table, chunk.inserts[-1]))
-                if resumable:
-                    pipeline.snapshot_checkpoint({
-                        "slot": self.config.slot, "initial": True, "done": list(done),
-                        "queue": [t.qualified for t in tables if t.qualified not in done],
-                        "after": dict(after)})
                 now = time.monotonic()
                 unflushed += 1
                 if resumable and (now - last_flush >= 1 or unflushed >= _CHECKPOINT_CHUNKS):
@@ -332,7 +360,8 @@ class WalsenderSource:
             copy.close()
             self._copy = None
         if resumable:
-            pipeline.snapshot_checkpoint(None)
+            pipeline.note_snapshot_progress(None)
+            pipeline.snapshot_checkpoint()
         pipeline.end_snapshot(lsn)
         pipeline.flush()
         self._snapshot_pending = False

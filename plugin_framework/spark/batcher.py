@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from plugin_framework import LSN, OutputPlugin
@@ -39,11 +40,54 @@ DEFAULT_MAX_DELAY = 5.0
 
 
 class MicroBatchOutput:
-    """The Output of a ForeachBatchPlugin: durable up to what ``fn`` has finished."""
+    """The Output of a ForeachBatchPlugin: durable up to what ``fn`` has finished.
+
+    It takes snapshots (docs/snapshot.md) as FileOutput does, through the checkpoint: whether
+    an initial copy is under way, and how far the snapshot is whose rows the batches hold."""
+
+    # A copy that could not go on after an interruption would be taken again whole, and
+    # batches already delivered cannot be taken back: such a copy is refused.
+    copy_must_resume = True
 
     def __init__(self, plugin: ForeachBatchPlugin) -> None:
         self.plugin = plugin
         self.durable_lsn = LSN(0)
+        self._ctx: Any = None
+
+    def attach(self, ctx: Any) -> None:
+        """The context of the pipeline member this output serves (its options say where the
+        checkpoint is, which the source asks about before startup)."""
+        self._ctx = ctx
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    @property
+    def snapshot_state(self) -> str | None:
+        """"copying" while an initial copy is under way, "done" after it, None without one."""
+        return self.plugin._checkpoint_of(self._ctx).snapshot_state
+
+    @property
+    def resume_incremental(self) -> dict[str, Any] | None:
+        """How far the snapshot is whose rows the delivered batches hold."""
+        return self.plugin._checkpoint_of(self._ctx).snapshot_progress
+
+    def begin_snapshot(self) -> None:
+        self.plugin._checkpoint_of(self._ctx).set_snapshot_state("copying")
+
+    def note_incremental(self, state: dict[str, Any] | None) -> None:
+        self.plugin._noted_progress = state
+
+    def snapshot_checkpoint(self) -> None:
+        """Nothing to do: each batch records the progress that goes with its rows."""
+
+    def end_snapshot(self) -> None:
+        """The copy is complete: its last rows are delivered now, then it is recorded done."""
+        self.plugin.drain()
+        checkpoint = self.plugin._checkpoint_of(self._ctx)
+        if checkpoint.snapshot_state is not None:
+            checkpoint.set_snapshot_state("done")
+
+    # --- the Output protocol --------------------------------------------------------------
 
     def write(self, record: OutputRecord) -> None:
         raise OutputError("the spark emitter delivers DataFrames; it has nothing to write")
@@ -67,12 +111,13 @@ class MicroBatchOutput:
 class _Current:
     """The transaction being received: where its rows go, and how to take them back."""
 
-    __slots__ = ("builder", "index", "mark")
+    __slots__ = ("builder", "index", "mark", "snapshot")
 
-    def __init__(self, builder: ChangeBuilder, index: int, mark: Any) -> None:
+    def __init__(self, builder: ChangeBuilder, index: int, mark: Any, snapshot: bool) -> None:
         self.builder = builder
         self.index = index
         self.mark = mark
+        self.snapshot = snapshot  # rows of a snapshot (not in the slot: stored with the batch)
 
 
 class ForeachBatchPlugin(OutputPlugin):
@@ -101,6 +146,22 @@ class ForeachBatchPlugin(OutputPlugin):
         self.last_batch: BatchRange | None = None
         self._ready = False
         self._failed = False
+        self.checkpoint: Checkpoint | None = None
+        self._noted_progress: dict[str, Any] | None = None  # said before the next snapshot rows
+
+    def checkpoint_path(self, ctx: Any) -> str | None:
+        """Where the checkpoint is (the emitter reads it from its options)."""
+        return self.checkpoint_dir
+
+    def _checkpoint_of(self, ctx: Any) -> Checkpoint:
+        """The checkpoint, opened now if startup has not opened it yet (the source asks
+        about snapshots before it starts the plugins)."""
+        if self.checkpoint is None:
+            path = self.checkpoint_path(ctx)
+            if path is None:
+                raise ValueError("a checkpoint directory is required (option checkpoint=DIR)")
+            self.checkpoint = Checkpoint(path, None if ctx is None else ctx.slot_name)
+        return self.checkpoint
 
     def make_output(self) -> MicroBatchOutput:
         """The Output to give this plugin in ``Pipeline.add(..., output=...)``."""
@@ -130,10 +191,15 @@ class ForeachBatchPlugin(OutputPlugin):
             raise ValueError("max-rows and max-bytes must be positive, max-delay not negative")
         self.plans = PlanCache(ctx.catalog)
         self.batch = ChangeBuilder(self.plans)
-        self.checkpoint = Checkpoint(self.checkpoint_dir, ctx.slot_name)
-        pending = self.checkpoint.pending
-        last = self.checkpoint.last_committed
+        if self.checkpoint is None or self.checkpoint.directory != Path(self.checkpoint_dir):
+            self.checkpoint = Checkpoint(self.checkpoint_dir, ctx.slot_name)
+        checkpoint = self.checkpoint
+        pending = checkpoint.pending
+        last = checkpoint.last_committed
         self.replay: BatchRange | None = pending
+        # how far the snapshot is whose rows the batches hold, with the batch being filled
+        self._progress = checkpoint.snapshot_progress
+        self._batch_stored = False  # the batch being filled has snapshot rows
         # Transactions ending at or before this were delivered by an earlier run.
         self.committed_end = pending.start if pending is not None else self.checkpoint.delivered
         # What the slot may forget: never more than was safe when the last batch finished.
@@ -151,22 +217,50 @@ class ForeachBatchPlugin(OutputPlugin):
             self.spark = _session()
         self._schema = change_schema()
         self._ready = True
+        if pending is not None and pending.stored:
+            self._deliver_stored(pending)
+
+    def _deliver_stored(self, pending: BatchRange) -> None:
+        """Deliver again, from the checkpoint, a batch with snapshot rows that ``fn`` had not
+        finished (the slot cannot send those rows again). The slot is acknowledged no
+        further than before it: a prepared transaction undecided then is sent again."""
+        assert self.checkpoint is not None
+        table = self.checkpoint.stored_rows(pending)
+        self._call(pending, self.spark.createDataFrame(table, self._schema))
+        self.checkpoint.commit(pending, self.checkpoint.acked)
+        self.replay = None
+        self.committed_end = max(self.committed_end, pending.end)
+        self.batches += 1
+        self.rows_delivered += pending.rows
+        self.last_batch = pending
+        log.info("batch %d (%d rows, with snapshot rows) delivered again from the checkpoint",
+                 pending.batch_id, pending.rows)
+
+    def _call(self, br: BatchRange, df: Any) -> None:
+        """``fn`` and the sinks, for one batch; nothing more is delivered by this process if
+        one of them fails."""
+        self._failed = True
+        for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
+            fn(df, br.batch_id)
+        self._failed = False
 
     # --- transactions -----------------------------------------------------------------------
 
-    def _open(self, builder: ChangeBuilder, xid: int) -> _Current:
+    def _open(self, builder: ChangeBuilder, txn: Any) -> _Current:
         if self._cur is not None:
             # a transaction cut short by a lost connection: the server sends it again
             self._cur.builder.rollback(self._cur.mark)
         mark = builder.mark()
-        self._cur = _Current(builder, builder.open_txn(xid), mark)
+        snapshot = bool(getattr(txn, "is_snapshot", False))
+        self._cur = _Current(builder, builder.open_txn(None if snapshot else txn.xid,
+                                                       snapshot=snapshot), mark, snapshot)
         return self._cur
 
     def begin(self, ctx: Any, txn: Any) -> None:
         replay = self.replay
         if replay is not None and txn.final_lsn is not None and txn.final_lsn >= replay.end:
             self._emit()  # everything of the batch being delivered again has arrived
-        self._open(self.batch, txn.xid)
+        self._open(self.batch, txn)
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         cur = self._cur
@@ -183,7 +277,18 @@ class ForeachBatchPlugin(OutputPlugin):
         assert cur is not None
         self._cur = None
         end = LSN(txn.end_lsn)
-        if end <= self.committed_end or cur.builder.txn_rows(cur.index) == 0:
+        if cur.snapshot:
+            # Snapshot rows are never sent again: a restart goes on after those the batches
+            # hold (``snapshot_progress``), whatever their LSN (an initial copy's chunks all
+            # have the slot's consistent point).
+            self._progress = self._noted_progress
+            if cur.builder.txn_rows(cur.index):
+                cur.builder.close_txn(cur.index, txn, commit_lsn)
+                self._batch_stored = True
+                self._added(end)
+            else:
+                cur.builder.rollback(cur.mark)
+        elif end <= self.committed_end or cur.builder.txn_rows(cur.index) == 0:
             cur.builder.rollback(cur.mark)  # delivered before, or nothing to deliver
         else:
             cur.builder.close_txn(cur.index, txn, commit_lsn)
@@ -191,7 +296,7 @@ class ForeachBatchPlugin(OutputPlugin):
         self._after(end)
 
     def begin_prepare(self, ctx: Any, txn: Any) -> None:
-        self._open(ChangeBuilder(self.plans), txn.xid)
+        self._open(ChangeBuilder(self.plans), txn)
 
     def prepare(self, ctx: Any, txn: Any, prepare_lsn: LSN) -> None:
         cur = self._cur
@@ -259,6 +364,8 @@ class ForeachBatchPlugin(OutputPlugin):
     def _emit(self) -> None:
         batch = self.batch
         replay = self.replay
+        checkpoint = self.checkpoint
+        assert checkpoint is not None
         if replay is not None:
             if batch.rows != replay.rows or self._batch_end != replay.end:
                 log.warning("batch %d delivered again with %d rows up to %s; it had %d rows up "
@@ -266,27 +373,30 @@ class ForeachBatchPlugin(OutputPlugin):
                             replay.end)
             if not batch.rows:
                 # nothing of it came back (it cannot be rebuilt): record it finished as it was
-                self.checkpoint.commit(replay, self._durable(replay.end))
+                checkpoint.commit(replay, self._durable(replay.end))
                 self.replay = None
                 self.committed_end = max(self.committed_end, replay.end)
                 return
+            # rebuilt from the stream: no snapshot rows (those batches are stored)
+            assert not self._batch_stored
             br = BatchRange(replay.batch_id, replay.start, self._batch_end, batch.rows,
-                            self._batch_txns)
+                            self._batch_txns, replay.snapshot_progress)
         else:
+            # (Progress without rows, an empty last chunk, goes with the next batch: read
+            # again after a restart, that chunk is empty again.)
             if not batch.rows:
                 return
-            br = BatchRange(self.checkpoint.next_batch_id, self.committed_end, self._batch_end,
-                            batch.rows, self._batch_txns)
-            self.checkpoint.begin(br)
+            br = BatchRange(checkpoint.next_batch_id, self.committed_end,
+                            max(self._batch_end, self.committed_end), batch.rows,
+                            self._batch_txns, self._progress, self._batch_stored)
         started = time.monotonic()
-        self._failed = True  # until fn returns: nothing more is delivered by this process
-        df = self.spark.createDataFrame(batch.to_arrow(), self._schema)
-        for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
-            fn(df, br.batch_id)
-        self._failed = False
+        table = batch.to_arrow()
+        if replay is None:
+            checkpoint.begin(br, table if br.stored else None)
+        self._call(br, self.spark.createDataFrame(table, self._schema))
         self.committed_end = br.end
         self.delivered = max(self.delivered, br.end)
-        self.checkpoint.commit(br, self._durable(br.end))
+        checkpoint.commit(br, self._durable(br.end))
         self.replay = None
         self.batches += 1
         self.rows_delivered += br.rows
@@ -294,6 +404,7 @@ class ForeachBatchPlugin(OutputPlugin):
         batch.clear()
         self._batch_txns = 0
         self._batch_since = None
+        self._batch_stored = False
         log.info("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
                  br.rows, br.transactions, br.start, br.end, time.monotonic() - started)
 

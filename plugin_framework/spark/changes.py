@@ -10,9 +10,11 @@ lsn                 bigint                            the change's WAL position
 commit_lsn          bigint                            its transaction's commit (COMMIT PREPARED)
                                                       record
 seq                 int                               position of the change in its transaction
-xid                 bigint                            transaction id
-commit_time         timestamp                         commit time
-op                  string                            INSERT, UPDATE, DELETE or TRUNCATE
+xid                 bigint                            transaction id (NULL for snapshot rows)
+commit_time         timestamp                         commit time (a snapshot's read time)
+op                  string                            INSERT, UPDATE, DELETE, TRUNCATE, or
+                                                      SNAPSHOT: a row of a snapshot
+                                                      (docs/snapshot.md), an upsert
 schema, table       string                            the table
 key                 map<string,string>                replica identity key of the row after the
                                                       change (before it, for a DELETE), as text
@@ -220,10 +222,13 @@ def _row(plan: ArrowRowPlan, kinds: bytes, values: Sequence[bytes | None],
 
 
 class _TxnInfo:
-    __slots__ = ("commit_lsn", "commit_time", "end_lsn", "gid", "origin", "rows", "xid")
+    __slots__ = ("commit_lsn", "commit_time", "end_lsn", "gid", "insert_op", "origin", "rows",
+                 "xid")
 
-    def __init__(self, xid: int) -> None:
+    def __init__(self, xid: int | None, snapshot: bool = False) -> None:
         self.xid = xid
+        # a snapshot's rows are inserts marked as snapshot reads (docs/snapshot.md)
+        self.insert_op = "SNAPSHOT" if snapshot else "INSERT"
         self.commit_lsn: int | None = None
         self.end_lsn: int | None = None
         self.commit_time: datetime | None = None
@@ -286,8 +291,9 @@ class ChangeBuilder:
 
     # -- transactions
 
-    def open_txn(self, xid: int) -> int:
-        self.txns.append(_TxnInfo(xid))
+    def open_txn(self, xid: int | None, *, snapshot: bool = False) -> int:
+        """A transaction, or (``snapshot``, no xid) a chunk of a snapshot's rows."""
+        self.txns.append(_TxnInfo(xid, snapshot))
         return len(self.txns) - 1
 
     def close_txn(self, index: int, txn: Any, commit_lsn: int) -> None:
@@ -412,7 +418,8 @@ class ChangeBuilder:
         info = self.txns[txn_index]
         self.seq.append(info.rows)
         info.rows += 1
-        self.op.append(change.action)
+        action = change.action
+        self.op.append(info.insert_op if action == "INSERT" else action)
         self.rel.append(rel_index)
         self.txn.append(txn_index)
         self.nbytes += nbytes

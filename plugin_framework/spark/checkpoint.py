@@ -12,6 +12,15 @@ it returned. A batch is the committed transactions whose end LSN lies in (start,
 slot is acknowledged only up to the end of the last committed batch. After a crash, a batch
 with an offsets file but no commits file is delivered again, with the same id and the same
 transactions. Only the newest ``RETAIN`` entries of each are kept.
+
+The rows of a snapshot (docs/snapshot.md) are not in the slot, so it cannot send them again:
+a batch that has any is also kept as ``data/N.arrow`` (Arrow IPC) from before ``fn`` is
+called until it returned, and delivered again from there. Each offsets entry records how far
+the snapshot is whose rows the batches up to it hold (``snapshot_progress``: a restart goes
+on from there), and ``CHECKPOINT/snapshot`` whether an initial copy is under way::
+
+    CHECKPOINT/data/18.arrow    the rows of batch 18, while fn has not finished it
+    CHECKPOINT/snapshot         {"state": "copying"} or {"state": "done"}
 """
 
 from __future__ import annotations
@@ -21,9 +30,13 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from plugin_framework import LSN
+from plugin_framework.framework.durable import replace_durably
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RETAIN = 100
 
@@ -39,20 +52,15 @@ class BatchRange:
     end: LSN
     rows: int = 0
     transactions: int = 0
+    # how far the snapshot is whose rows the batches up to this one hold (the form of
+    # sources/incremental.py's record; None: no snapshot on record)
+    snapshot_progress: dict[str, Any] | None = None
+    # the rows are kept in data/N.arrow until fn has finished them (a snapshot's rows)
+    stored: bool = False
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_durably(path, lambda f: f.write(json.dumps(data).encode()))
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -77,8 +85,10 @@ class Checkpoint:
         self.directory = Path(directory)
         self.offsets = self.directory / "offsets"
         self.commits = self.directory / "commits"
+        self.data = self.directory / "data"
         self.offsets.mkdir(parents=True, exist_ok=True)
         self.commits.mkdir(parents=True, exist_ok=True)
+        self.data.mkdir(exist_ok=True)
         meta = self.directory / "metadata"
         if meta.exists():
             recorded = _read(meta).get("slot")
@@ -94,12 +104,23 @@ class Checkpoint:
         self.pending: BatchRange | None = None
         self.acked = LSN(0)  # the ack recorded with the last committed batch
         self._load()
+        snapshot = self.directory / "snapshot"
+        self.snapshot_state: str | None = None  # "copying" or "done": an initial copy's
+        if snapshot.exists():
+            self.snapshot_state = _read(snapshot).get("state")
+            if self.snapshot_state not in ("copying", "done"):
+                raise CheckpointError(f"{snapshot} is damaged (state "
+                                      f"{self.snapshot_state!r})")
 
     def _entry(self, batch_id: int) -> BatchRange:
         data = _read(self.offsets / str(batch_id))
         try:
+            progress = data.get("snapshot_progress")
+            if progress is not None and not isinstance(progress, dict):
+                raise ValueError(f"snapshot_progress is {progress!r}")
             return BatchRange(int(data["batch_id"]), LSN(data["start"]), LSN(data["end"]),
-                              int(data.get("rows", 0)), int(data.get("transactions", 0)))
+                              int(data.get("rows", 0)), int(data.get("transactions", 0)),
+                              progress, bool(data.get("stored", False)))
         except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"{self.offsets / str(batch_id)} is damaged ({exc})") \
                 from None
@@ -135,14 +156,49 @@ class Checkpoint:
         delivered."""
         return LSN(0) if self.last_committed is None else self.last_committed.end
 
-    def begin(self, batch: BatchRange) -> None:
-        """Record a batch before ``fn`` sees it."""
+    @property
+    def snapshot_progress(self) -> dict[str, Any] | None:
+        """How far the snapshot is whose rows the newest batch holds (a pending batch counts:
+        it is delivered again whole, from ``data/``, or holds no snapshot rows)."""
+        newest = self.pending or self.last_committed
+        return None if newest is None else newest.snapshot_progress
+
+    def set_snapshot_state(self, state: str) -> None:
+        """Record, durably, that an initial copy is under way ("copying") or complete."""
+        _write_atomic(self.directory / "snapshot", {"state": state})
+        self.snapshot_state = state
+
+    def begin(self, batch: BatchRange, table: pa.Table | None = None) -> None:
+        """Record a batch before ``fn`` sees it; its rows too (``table``) if ``stored``."""
+        assert batch.stored == (table is not None)
+        if table is not None:
+            import pyarrow as pa
+
+            def write(f: IO[bytes]) -> None:
+                with pa.ipc.new_file(f, table.schema) as writer:
+                    writer.write_table(table)
+
+            replace_durably(self.data / f"{batch.batch_id}.arrow", write)
         _write_atomic(self.offsets / str(batch.batch_id), {
             "batch_id": batch.batch_id, "start": str(batch.start), "end": str(batch.end),
             "rows": batch.rows, "transactions": batch.transactions,
+            "snapshot_progress": batch.snapshot_progress, "stored": batch.stored,
             "created": datetime.now(UTC).isoformat(),
         })
         self.pending = batch
+
+    def stored_rows(self, batch: BatchRange) -> pa.Table:
+        """The rows kept for a batch (``stored``)."""
+        import pyarrow as pa
+
+        path = self.data / f"{batch.batch_id}.arrow"
+        try:
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise CheckpointError(f"{path}, the rows of batch {batch.batch_id} that must be "
+                                  f"delivered again, cannot be read ({exc}); the checkpoint "
+                                  "is damaged") from None
 
     def commit(self, batch: BatchRange, ack: LSN | None = None) -> None:
         """Record that ``fn`` returned for a batch, and how far the slot may then be
@@ -156,9 +212,14 @@ class Checkpoint:
         self.last_committed = batch
         self.acked = ack
         self.pending = None
+        if batch.stored:
+            (self.data / f"{batch.batch_id}.arrow").unlink(missing_ok=True)
         self._purge(batch.batch_id)
 
     def _purge(self, newest: int) -> None:
+        for path in self.data.glob("*.arrow"):  # left by a crash between commit and unlink
+            if path.stem.isdigit() and int(path.stem) <= newest:
+                path.unlink(missing_ok=True)
         for directory in (self.offsets, self.commits):
             for batch_id in _ids(directory):
                 if batch_id <= newest - RETAIN:

@@ -272,7 +272,7 @@ def merge_state(df: Any, info: TableInfo, existing: Any | None) -> Any:
     order = [F.col("_commit_lsn"), F.col("_seq"), F.col("_sub")]
 
     # Events on keys: a "set" puts a row under its key, a "remove" takes a key away.
-    sets = changes.filter(F.col("_op").isin("INSERT", "UPDATE")).select(
+    sets = changes.filter(F.col("_op").isin("INSERT", "UPDATE", "SNAPSHOT")).select(
         *data, F.col("_lsn"), F.col("_commit_lsn"), F.col("_seq"), F.lit(1).alias("_sub"),
         F.lit(True).alias("_set"), F.col("_unchanged_toast").alias("_toast"),
         *[column(f"_old_{k}") for k in keys], F.col("_has_old"))

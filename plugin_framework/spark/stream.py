@@ -35,6 +35,11 @@ class ForeachBatchStream:
     delivered at COMMIT PREPARED with their gid (PostgreSQL 15 and later).
     ``status_interval`` defaults to ``min(10, max_delay)`` seconds, so that a batch waiting
     on ``max_delay`` goes out on time even when no new change arrives.
+
+    ``snapshot="initial"`` (with ``create_slot``) first delivers a consistent copy of the
+    published tables' rows (``op`` SNAPSHOT), then the stream from where the copy ends;
+    ``"only"`` stops after the copy; ``snapshot_tables`` takes incremental snapshots of
+    tables while streaming. Both resume after a crash (docs/snapshot.md).
     """
 
     def __init__(self, spark: Any, fn: BatchFunction | None = None, *, dsn: str, slot: str,
@@ -44,7 +49,14 @@ class ForeachBatchStream:
                  create_slot: bool = False, endpos: LSN | str | None = None,
                  streaming: str = "on", status_interval: float | None = None,
                  proto_version: int | None = None, memory_limit: int | None = None,
-                 reconnect: bool = True) -> None:
+                 reconnect: bool = True, snapshot: str | None = None,
+                 snapshot_workers: int = 2, snapshot_tables: Sequence[str] = ()) -> None:
+        if snapshot not in (None, "initial", "only"):
+            raise ValueError(f'snapshot must be "initial" or "only", not {snapshot!r}')
+        if snapshot is not None and not create_slot:
+            raise ValueError("snapshot needs create_slot=True: the copy is taken at the new "
+                             "slot's consistent point, so that the stream continues exactly "
+                             "where it ends")
         self.plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=checkpoint,
                                          max_rows=max_rows, max_bytes=max_bytes,
                                          max_delay=max_delay, sinks=sinks)
@@ -54,7 +66,9 @@ class ForeachBatchStream:
             conninfo=dsn, slot=slot, publications=list(publications),
             proto_version=proto_version, streaming=streaming,
             endpos=None if endpos is None else LSN(endpos), status_interval=status_interval,
-            create_slot=create_slot, slot_two_phase=True, reconnect=reconnect)
+            create_slot=create_slot, slot_two_phase=True, reconnect=reconnect,
+            snapshot=snapshot, snapshot_workers=snapshot_workers,
+            snapshot_tables=tuple(snapshot_tables))
         self.memory_limit = memory_limit
         self.source: WalsenderSource | None = None
         self._thread: threading.Thread | None = None

@@ -111,6 +111,9 @@ class Pipeline(Streams, TwoPhase):
             output_plugin_options=dict(options or {}), slot_name=self.slot_name,
             catalog=self.catalog, server_version=self.server_version,
         )
+        attach = getattr(ctx.output, "attach", None)
+        if attach is not None:
+            attach(ctx)  # an output that needs its member's options before startup (Spark's)
         self.members.append(Member(loaded, ctx))
         return ctx
 
@@ -370,16 +373,24 @@ class Pipeline(Streams, TwoPhase):
             if begin is not None:
                 begin()
 
-    def snapshot_checkpoint(self, state: dict[str, Any] | None) -> None:
-        """The initial copy's rows so far are whole transactions in every output, and
-        ``state`` says how far the copy is (the form of an incremental snapshot's record:
-        sources/incremental.py): outputs that record it do, durably at the next flush."""
+    def note_snapshot_progress(self, state: dict[str, Any] | None) -> None:
+        """How far the snapshots will be once the next snapshot rows are delivered (the form
+        of an incremental snapshot's record: sources/incremental.py; None: none under way).
+        Said before those rows, so that an output that delivers them at once (Spark's
+        batches) records the state that goes with them; outputs that record it (FILE.progress)
+        do so with their next mark or ``snapshot_checkpoint``."""
         for m in self.members:
-            output = m.ctx.output
-            note = getattr(output, "note_incremental", None)
-            checkpoint = getattr(output, "snapshot_checkpoint", None)
-            if note is not None and checkpoint is not None:
+            note = getattr(m.ctx.output, "note_incremental", None)
+            if note is not None:
                 note(state)
+
+    def snapshot_checkpoint(self) -> None:
+        """The initial copy's rows so far are whole transactions in every output, as far as
+        the last ``note_snapshot_progress`` said: outputs that record it do, durably at the
+        next flush."""
+        for m in self.members:
+            checkpoint = getattr(m.ctx.output, "snapshot_checkpoint", None)
+            if checkpoint is not None:
                 checkpoint()
 
     def end_snapshot(self, lsn: LSN) -> None:

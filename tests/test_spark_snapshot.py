@@ -1,0 +1,241 @@
+"""The initial snapshot through Spark (#15), on each server version: the ``spark`` emitter
+and ``ForeachBatchStream`` deliver the copy of the published tables (``op`` SNAPSHOT), then
+the stream, in batches. A foreachBatch function that keeps each batch under its id (as an
+idempotent sink does) ends with rows that, applied in order, give exactly what the server's
+tables hold, while a writer changes them throughout and however often the pipeline is killed
+with SIGKILL during the copy: a batch that held snapshot rows is delivered again from the
+checkpoint with the same id and rows, and the copy goes on after the rows the batches hold."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from jsonmirror import loads
+from spark_fixtures import spark_env, spark_session  # noqa: F401  (the fixture "spark")
+from streamkit import cli_command, current_lsn, query, slot_row, wait_for
+from test_snapshot import TABLES, Writer, check_upserted, make_tables, wait_acknowledged_slot
+
+from plugin_framework.spark import ForeachBatchStream
+from plugin_framework.spark.checkpoint import Checkpoint
+
+pytestmark = pytest.mark.slow
+
+# The foreachBatch function of the command line runs: each batch as BATCHES/N.parquet,
+# replaced whole if the batch comes again (an idempotent sink), then a pause in which the
+# test's kills land between the rows being written and the batch being recorded finished.
+KEEP_BATCH = """
+import os, time
+import pyarrow.parquet as pq
+
+def keep(df, batch_id):
+    target = os.path.join(os.environ["BATCHES"], f"{batch_id}.parquet")
+    pq.write_table(df.toArrow(), target + ".tmp")
+    os.replace(target + ".tmp", target)
+    time.sleep(float(os.environ.get("PAUSE", "0")))
+"""
+
+
+def keep_batch(directory: Path) -> Any:
+    """The same function, in this process."""
+    def keep(df: Any, batch_id: int) -> None:
+        target = directory / f"{batch_id}.parquet"
+        pq.write_table(df.toArrow(), f"{target}.tmp")
+        os.replace(f"{target}.tmp", target)
+    return keep
+
+
+def lines_of(batches: Path) -> list[dict[str, Any]]:
+    """The kept batches' rows, in batch order and (commit_lsn, seq) order within each, as
+    the json emitter's lines (its conversions are the spark emitter's ``after_json``)."""
+    lines = []
+    for path in sorted(batches.glob("*.parquet"), key=lambda p: int(p.stem)):
+        rows = pq.read_table(path).to_pylist()
+        rows.sort(key=lambda r: (r["commit_lsn"], r["seq"]))
+        for r in rows:
+            lines.append({
+                "op": r["op"].lower(), "schema": r["schema"], "table": r["table"],
+                "new": None if r["after_json"] is None else loads(r["after_json"]),
+                "old": None if r["before_json"] is None else loads(r["before_json"]),
+                "unchanged_toast": list(r["unchanged_toast"] or []),
+                "xid": r["xid"], "batch": int(path.stem)})
+    return lines
+
+
+def check_batches(db: Any, batches: Path) -> list[dict[str, Any]]:
+    lines = lines_of(batches)
+    assert all(ln["xid"] is None for ln in lines if ln["op"] == "snapshot")
+    assert any(ln["op"] != "snapshot" for ln in lines), "nothing streamed"
+    check_upserted(db, lines, TABLES)
+    return lines
+
+
+def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
+        db: Any, tmp_path: Path) -> None:
+    """`pgdecode stream --emitter spark --create-slot --snapshot initial`, killed with
+    SIGKILL at least 5 times during the copy (mostly inside the foreachBatch function) while
+    a writer changes the tables, then run to the end: every snapshot row is in exactly one
+    batch, and the batches applied in order give the server's tables."""
+    make_tables(db.conninfo)
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    (tmp_path / "keep_batch.py").write_text(KEEP_BATCH)
+    spark_env()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+           "BATCHES": str(batches), "PAUSE": "0.5"}
+    checkpoint = tmp_path / "checkpoint"
+    command = cli_command(
+        "stream", "-d", db.conninfo, "-S", "sparksnap", "--publication", "pub",
+        "--create-slot", "--snapshot", "initial", "--emitter", "spark",
+        "-o", f"checkpoint={checkpoint}", "-o", "foreach-batch=keep_batch:keep",
+        "-o", "max-rows=15000", "-o", "master=local[2]",
+        "-o", "spark-conf=spark.ui.enabled=false,spark.driver.extraJavaOptions="
+              "-XX:TieredStopAtLevel=1", "--status-interval", "0.5")
+    stderr = tmp_path / "stderr"
+
+    def start() -> subprocess.Popen[bytes]:
+        with stderr.open("ab") as err:
+            return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)  # Spark's JVM is killed with it
+
+    def snapshot_state() -> tuple[bool, bool]:
+        """(under way, finished): the initial copy, and the tables left of it that a run
+        after an interruption copies incrementally."""
+        if not (checkpoint / "snapshot").exists():
+            return False, False
+        ck = Checkpoint(checkpoint)
+        left = ck.snapshot_progress or {}
+        going_on = bool(left.get("queue")) or "table" in left
+        return (ck.snapshot_state == "copying" or going_on,
+                ck.snapshot_state == "done" and not going_on)
+
+    rng = random.Random(15)
+    writer = Writer(db.conninfo, seed=3, pause=0.003)
+    writer.start()
+    try:
+        kills = 0
+        for attempt in range(20):
+            proc = start()
+            try:
+                threshold = len(list(batches.glob("*.parquet"))) + rng.randint(0, 2)
+                # Even attempts: killed in the function's pause, after a batch's rows are
+                # written and before it is recorded finished; odd ones anywhere a little
+                # later (building a batch, reading the copy, starting up).
+                delay = 0.0 if attempt % 2 == 0 else rng.uniform(0.6, 3.0)
+
+                def delivered(proc: Any = proc, threshold: int = threshold) -> bool:
+                    return (proc.poll() is not None
+                            or len(list(batches.glob("*.parquet"))) > threshold)
+
+                wait_for(delivered, timeout=600, interval=0.02, what="a batch delivered")
+                if delay:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(delay)
+                kills += snapshot_state()[0]
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if kills >= 5:
+                break
+        assert kills >= 5, f"{kills} kills found the copy under way, not 5"
+        proc = start()
+        try:
+            wait_for(lambda: snapshot_state()[1], timeout=600, what="the copy done")
+            n = writer.ops
+            wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
+            writer.stop()
+            wait_acknowledged_slot(db.conninfo, "sparksnap", current_lsn(db.conninfo))
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(120) == 0, stderr.read_text()[-5000:]
+    finally:
+        writer.done.set()
+    log = stderr.read_text()
+    assert "going on with the tables left as an incremental snapshot" in log
+    assert "delivered again from the checkpoint" in log
+    check_batches(db, batches)
+    assert not list((checkpoint / "data").iterdir()), "stored rows left behind"
+
+
+def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
+                                                         tmp_path: Path) -> None:
+    """The Python API: ``ForeachBatchStream(..., create_slot=True, snapshot="initial")`` in a
+    running SparkSession delivers the copy, then the changes made during it."""
+    make_tables(db.conninfo, rows=20_000)
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    writer = Writer(db.conninfo, seed=4, pause=0.003)
+    writer.start()
+    stream = ForeachBatchStream(spark, keep_batch(batches), dsn=db.conninfo, slot="fbs",
+                                publications=["pub"], checkpoint=str(tmp_path / "ck"),
+                                create_slot=True, snapshot="initial", max_rows=8000,
+                                max_delay=0.5).start()
+    try:
+        wait_for(lambda: Checkpoint(tmp_path / "ck").snapshot_state == "done"
+                 or stream.error is not None, timeout=300, what="the copy done")
+        n = writer.ops
+        wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
+        writer.stop()
+        end = current_lsn(db.conninfo)
+        wait_for(lambda: stream.plugin.delivered >= end or stream.error is not None,
+                 timeout=300, what="the writer's changes delivered")
+    finally:
+        writer.done.set()
+        stream.stop()
+        stream.join(120)
+    lines = check_batches(db, batches)
+    snapshot_batches = {ln["batch"] for ln in lines if ln["op"] == "snapshot"}
+    assert len(snapshot_batches) >= 2, "the copy was not split into batches"
+
+
+def test_a_copy_spark_cannot_resume_is_refused_and_the_slot_dropped(db: Any, spark: Any,
+                                                                    tmp_path: Path) -> None:
+    """A published table without a key cannot be copied in key order, so an interrupted
+    copy would start again and deliver its rows twice: refused, and the slot made for it is
+    dropped again."""
+    make_tables(db.conninfo, rows=10)
+    query(db.conninfo, "CREATE TABLE nokey (a int, b text); ALTER PUBLICATION pub ADD TABLE nokey")
+    stream = ForeachBatchStream(spark, keep_batch(tmp_path), dsn=db.conninfo, slot="nokey",
+                                publications=["pub"], checkpoint=str(tmp_path / "ck"),
+                                create_slot=True, snapshot="initial", reconnect=False)
+    with pytest.raises(Exception, match=r"public\.nokey cannot"):
+        stream.run()
+    assert slot_row(db.conninfo, "nokey") is None
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_stored_rows_of_a_batch_come_back_exactly(tmp_path: Path) -> None:
+    """The checkpoint keeps a snapshot batch's rows until it is finished, and gives back the
+    same table; a finished batch's rows are removed."""
+    import pyarrow as pa
+
+    from plugin_framework import LSN
+    from plugin_framework.spark.changes import arrow_schema
+    from plugin_framework.spark.checkpoint import BatchRange
+
+    schema = arrow_schema()
+    table = pa.Table.from_pylist(
+        [{"lsn": 1, "commit_lsn": 2, "seq": i, "op": "SNAPSHOT", "schema": "public",
+          "table": "t", "after": [("id", str(i))], "after_json": json.dumps({"id": i}),
+          "unchanged_toast": []} for i in range(1000)], schema=schema)
+    progress = {"slot": "s", "queue": ["public.t"], "done": [], "after": {"public.t": ["999"]}}
+    ck = Checkpoint(tmp_path, "s")
+    batch = BatchRange(0, LSN(0), LSN(2), 1000, 1, progress, True)
+    ck.begin(batch, table)
+    again = Checkpoint(tmp_path, "s")
+    assert again.pending == batch
+    assert again.snapshot_progress == progress
+    assert again.stored_rows(batch).equals(table)
+    again.commit(batch)
+    assert not list((tmp_path / "data").iterdir())
+    assert Checkpoint(tmp_path, "s").snapshot_progress == progress
