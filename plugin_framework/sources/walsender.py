@@ -159,9 +159,9 @@ class WalsenderSource:
             raise explain(exc, cfg.conninfo, cfg.slot, cfg.proto_version) from None
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
-            drop_slot = f"DROP_REPLICATION_SLOT {quote_ident_always(cfg.slot)}"
             start_pipeline(self.pipeline, proto, server_version, is_init, cfg.slot,
-                           lambda: repl.command(drop_slot), server_lsn=server_lsn)
+                           lambda: repl.command(self._drop_slot_command()),
+                           server_lsn=server_lsn)
             self._started = True
             if self._initial_resumed:
                 # The copy's state goes on in the incremental snapshot's record (kept).
@@ -227,7 +227,7 @@ class WalsenderSource:
             # with a new snapshot, and the copy taken again.
             log.warning('the initial snapshot with replication slot "%s" did not finish: '
                         "dropping the slot and copying again with a new one", cfg.slot)
-            repl.command(f"DROP_REPLICATION_SLOT {quote_ident_always(cfg.slot)} WAIT")
+            repl.command(self._drop_slot_command(wait=True))
             exists = []
         if exists:
             if cfg.slot_two_phase and not exists[0][0] and not self._started:
@@ -255,6 +255,10 @@ class WalsenderSource:
             self._copy_lsn = LSN(point)
         return True
 
+    def _drop_slot_command(self, *, wait: bool = False) -> str:
+        return (f"DROP_REPLICATION_SLOT {quote_ident_always(self.config.slot)}"
+                + (" WAIT" if wait else ""))
+
     def _check_snapshot_outputs(self) -> None:
         """Refuse, before the slot is made, outputs that cannot record an unfinished copy
         (``begin_snapshot``): a run after an interrupted copy could not tell that it must copy
@@ -275,8 +279,7 @@ class WalsenderSource:
             if getattr(m.ctx.output, "copy_must_resume", False):
                 if self._repl is not None:  # made by this run, for this copy: not kept
                     with contextlib.suppress(psycopg.Error):
-                        self._repl.command(
-                            f"DROP_REPLICATION_SLOT {quote_ident_always(self.config.slot)}")
+                        self._repl.command(self._drop_slot_command())
                 raise SourceError(
                     f'--snapshot: output plugin "{m.plugin.name}" delivers the copy in '
                     "batches it cannot take back, so the copy must be able to go on after an "

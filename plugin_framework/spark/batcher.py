@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from plugin_framework import LSN, OutputPlugin
@@ -75,10 +74,9 @@ class MicroBatchOutput:
         self.plugin._checkpoint_of(self._ctx).set_snapshot_state("copying")
 
     def note_incremental(self, state: dict[str, Any] | None) -> None:
+        """Said before the snapshot rows it goes with; each batch records the progress of
+        the last snapshot rows in it (so no ``snapshot_checkpoint`` is needed)."""
         self.plugin._noted_progress = state
-
-    def snapshot_checkpoint(self) -> None:
-        """Nothing to do: each batch records the progress that goes with its rows."""
 
     def end_snapshot(self) -> None:
         """The copy is complete: its last rows are delivered now, then it is recorded done."""
@@ -191,9 +189,7 @@ class ForeachBatchPlugin(OutputPlugin):
             raise ValueError("max-rows and max-bytes must be positive, max-delay not negative")
         self.plans = PlanCache(ctx.catalog)
         self.batch = ChangeBuilder(self.plans)
-        if self.checkpoint is None or self.checkpoint.directory != Path(self.checkpoint_dir):
-            self.checkpoint = Checkpoint(self.checkpoint_dir, ctx.slot_name)
-        checkpoint = self.checkpoint
+        checkpoint = self._checkpoint_of(ctx)
         pending = checkpoint.pending
         last = checkpoint.last_committed
         self.replay: BatchRange | None = pending
@@ -201,9 +197,9 @@ class ForeachBatchPlugin(OutputPlugin):
         self._progress = checkpoint.snapshot_progress
         self._batch_stored = False  # the batch being filled has snapshot rows
         # Transactions ending at or before this were delivered by an earlier run.
-        self.committed_end = pending.start if pending is not None else self.checkpoint.delivered
+        self.committed_end = pending.start if pending is not None else checkpoint.delivered
         # What the slot may forget: never more than was safe when the last batch finished.
-        self.delivered = LSN(self.checkpoint.acked if last is not None else 0)
+        self.delivered = LSN(checkpoint.acked if last is not None else 0)
         self.marked = self.delivered
         self.pending: dict[str, tuple[ChangeBuilder, int, LSN]] = {}
         self._cur: _Current | None = None
@@ -227,12 +223,7 @@ class ForeachBatchPlugin(OutputPlugin):
         assert self.checkpoint is not None
         table = self.checkpoint.stored_rows(pending)
         self._call(pending, self.spark.createDataFrame(table, self._schema))
-        self.checkpoint.commit(pending, self.checkpoint.acked)
-        self.replay = None
-        self.committed_end = max(self.committed_end, pending.end)
-        self.batches += 1
-        self.rows_delivered += pending.rows
-        self.last_batch = pending
+        self._finished(pending, self.checkpoint.acked)
         log.info("batch %d (%d rows, with snapshot rows) delivered again from the checkpoint",
                  pending.batch_id, pending.rows)
 
@@ -394,19 +385,25 @@ class ForeachBatchPlugin(OutputPlugin):
         if replay is None:
             checkpoint.begin(br, table if br.stored else None)
         self._call(br, self.spark.createDataFrame(table, self._schema))
-        self.committed_end = br.end
         self.delivered = max(self.delivered, br.end)
-        checkpoint.commit(br, self._durable(br.end))
-        self.replay = None
-        self.batches += 1
-        self.rows_delivered += br.rows
-        self.last_batch = br
+        self._finished(br, self._durable(br.end))
         batch.clear()
         self._batch_txns = 0
         self._batch_since = None
         self._batch_stored = False
         log.info("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
                  br.rows, br.transactions, br.start, br.end, time.monotonic() - started)
+
+    def _finished(self, br: BatchRange, ack: LSN) -> None:
+        """``fn`` returned for a batch: recorded in the checkpoint with ``ack``, how far the
+        slot may then be acknowledged."""
+        assert self.checkpoint is not None
+        self.checkpoint.commit(br, ack)
+        self.replay = None
+        self.committed_end = max(self.committed_end, br.end)
+        self.batches += 1
+        self.rows_delivered += br.rows
+        self.last_batch = br
 
     def _durable(self, lsn: LSN) -> LSN:
         """``lsn``, held back to the PREPARE of the oldest undecided prepared transaction
