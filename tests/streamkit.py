@@ -210,14 +210,18 @@ def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: 
 
 
 def start_cli(args: Sequence[str], *, env: dict[str, str] | None = None,
-              stderr_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """The command in the background; stdout is discarded, stderr goes to ``stderr_path``."""
+              stderr_path: Path | None = None,
+              new_session: bool = False) -> subprocess.Popen[bytes]:
+    """The command in the background; stdout is discarded, stderr goes to ``stderr_path``.
+    ``new_session``: in a process group of its own (so that its children, Spark's JVM, can
+    be killed with it: ``os.killpg(proc.pid, ...)``)."""
     err: Any = subprocess.PIPE
     if stderr_path is not None:
         err = stderr_path.open("ab")
     try:
         return subprocess.Popen(cli_command(*args), env=env or cli_env(),
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=new_session)
     finally:
         if stderr_path is not None:
             err.close()

@@ -8,6 +8,7 @@ killed during the copy."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import threading
@@ -124,12 +125,13 @@ def command(conninfo: str, out: Path, *extra: str) -> list[str]:
 
 def kill_during(command: list[str], env: dict[str, str], stderr: Path, *, kills: int,
                 attempts: int, until: Callable[[int], Callable[[], bool]],
-                under_way: Callable[[], bool]) -> None:
+                under_way: Callable[[], bool], group: bool = False) -> None:
     """Start the command and kill -9 it once ``until(attempt)()`` is true (or it exits),
-    again and again, until ``kills`` of the kills found the snapshot ``under_way``."""
+    again and again, until ``kills`` of the kills found the snapshot ``under_way``.
+    ``group``: the command and its children (Spark's JVM) are killed together."""
     found = 0
     for attempt in range(attempts):
-        proc = start_cli(command, env=env, stderr_path=stderr)
+        proc = start_cli(command, env=env, stderr_path=stderr, new_session=group)
         try:
             reached = until(attempt)
 
@@ -139,7 +141,10 @@ def kill_during(command: list[str], env: dict[str, str], stderr: Path, *, kills:
             wait_for(stopped, timeout=600, interval=0.01, what="some of the copy written")
             found += under_way()
         finally:
-            proc.send_signal(signal.SIGKILL)
+            if group and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.send_signal(signal.SIGKILL)
             proc.wait()
         if found >= kills:
             return
@@ -225,14 +230,18 @@ def test_initial_snapshot_then_stream_equals_the_tables(db: Any, env: dict[str, 
     check_mirror(db, read_lines(out))
 
 
+def copy_status(state: str | None, left: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(under way, finished): the initial copy (``state``, "copying" or "done"), and the
+    tables left of it (``left``, the recorded progress) that a run after an interruption
+    copies incrementally."""
+    going_on = bool((left or {}).get("queue")) or "table" in (left or {})
+    return state == "copying" or going_on, state == "done" and not going_on
+
+
 def snapshot_state(out: Path) -> tuple[bool, bool]:
-    """(under way, finished): the initial copy, and the tables left of it that a run after
-    an interruption copies incrementally."""
+    """``copy_status`` of a file output, from its FILE.progress."""
     progress = progress_of(out)
-    left = progress.get("incremental") or {}
-    going_on = bool(left.get("queue")) or "table" in left
-    return (progress.get("snapshot") == "copying" or going_on,
-            progress.get("snapshot") == "done" and not going_on)
+    return copy_status(progress.get("snapshot"), progress.get("incremental"))
 
 
 @pytest.mark.slow
@@ -455,6 +464,17 @@ def change_later(conninfo: str, stop: threading.Event, seed: int, rows: int) -> 
             n += 1
 
 
+def finish_later(conninfo: str, slot: str, stderr: Path, stop: threading.Event,
+                 writer: threading.Thread) -> None:
+    """Once the incremental snapshot of "later" is done: stop its writer, and wait for the
+    stream to have every change it made."""
+    wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text(),
+             timeout=300, what="the incremental snapshot done")
+    stop.set()
+    writer.join(30)
+    wait_acknowledged_slot(conninfo, slot, current_lsn(conninfo))
+
+
 def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str, Any]]:
     """What a consumer that upserts by key ("id") does with one table's lines: an incremental
     snapshot's rows come after changes of rows it does not have yet."""
@@ -499,11 +519,7 @@ def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
         result = run_cli(["snapshot", "-d", db.conninfo, "-S", "inc", "--table", "public.later"],
                          env=env, timeout=60)
         assert result.returncode == 0, result.stderr
-        wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text(),
-                 timeout=300, what="the incremental snapshot done")
-        stop.set()
-        writer.join(30)
-        wait_acknowledged_slot(db.conninfo, "inc", current_lsn(db.conninfo))
+        finish_later(db.conninfo, "inc", stderr, stop, writer)
     finally:
         stop.set()
         assert stop_process(proc) == 0, stderr.read_text()
@@ -640,11 +656,7 @@ def test_incremental_snapshot_goes_on_after_lost_connections(db: Any, env: dict[
             assert "incremental snapshot of public.later done" not in log
             query(db.conninfo, "SELECT pg_terminate_backend(active_pid) "
                                "FROM pg_replication_slots WHERE slot_name = 'lost'")
-        wait_for(lambda: "incremental snapshot of public.later done" in stderr.read_text(),
-                 timeout=300, what="the snapshot done")
-        stop.set()
-        writer.join(30)
-        wait_acknowledged_slot(db.conninfo, "lost", current_lsn(db.conninfo))
+        finish_later(db.conninfo, "lost", stderr, stop, writer)
     finally:
         stop.set()
         assert stop_process(proc) == 0, stderr.read_text()

@@ -8,13 +8,13 @@ checkpoint with the same id and rows, and the copy goes on after the rows the ba
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import signal
-import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from jsonmirror import loads
 from spark_fixtures import spark_env, spark_session  # noqa: F401  (the fixture "spark")
-from streamkit import cli_command, current_lsn, query, slot_row, wait_for
-from test_snapshot import TABLES, Writer, check_upserted, make_tables, wait_acknowledged_slot
+from streamkit import current_lsn, query, slot_row, start_cli, wait_for
+from test_snapshot import (
+    TABLES,
+    Writer,
+    check_upserted,
+    copy_status,
+    kill_during,
+    make_tables,
+    wait_acknowledged_slot,
+)
 
 from plugin_framework.spark import ForeachBatchStream
 from plugin_framework.spark.checkpoint import Checkpoint
@@ -93,64 +101,51 @@ def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
            "BATCHES": str(batches), "PAUSE": "0.5"}
     checkpoint = tmp_path / "checkpoint"
-    command = cli_command(
+    command = [
         "stream", "-d", db.conninfo, "-S", "sparksnap", "--publication", "pub",
         "--create-slot", "--snapshot", "initial", "--emitter", "spark",
         "-o", f"checkpoint={checkpoint}", "-o", "foreach-batch=keep_batch:keep",
         "-o", "max-rows=15000", "-o", "master=local[2]",
         "-o", "spark-conf=spark.ui.enabled=false,spark.driver.extraJavaOptions="
-              "-XX:TieredStopAtLevel=1", "--status-interval", "0.5")
+              "-XX:TieredStopAtLevel=1", "--status-interval", "0.5"]
     stderr = tmp_path / "stderr"
 
-    def start() -> subprocess.Popen[bytes]:
-        with stderr.open("ab") as err:
-            return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True)  # Spark's JVM is killed with it
-
-    def snapshot_state() -> tuple[bool, bool]:
-        """(under way, finished): the initial copy, and the tables left of it that a run
-        after an interruption copies incrementally."""
+    def status() -> tuple[bool, bool]:
         if not (checkpoint / "snapshot").exists():
             return False, False
         ck = Checkpoint(checkpoint)
-        left = ck.snapshot_progress or {}
-        going_on = bool(left.get("queue")) or "table" in left
-        return (ck.snapshot_state == "copying" or going_on,
-                ck.snapshot_state == "done" and not going_on)
+        return copy_status(ck.snapshot_state, ck.snapshot_progress)
+
+    def kept() -> int:
+        return len(list(batches.glob("*.parquet")))
 
     rng = random.Random(15)
+
+    def delivered(attempt: int) -> Callable[[], bool]:
+        # Even attempts: killed in the function's pause, after a batch's rows are written
+        # and before it is recorded finished; odd ones a little later, anywhere (building
+        # a batch, reading the copy, starting up).
+        threshold = kept() + rng.randint(0, 2)
+        delay = 0.0 if attempt % 2 == 0 else rng.uniform(0.6, 3.0)
+        crossed: list[float] = []
+
+        def reached() -> bool:
+            if not crossed:
+                if kept() <= threshold:
+                    return False
+                crossed.append(time.monotonic())
+            return time.monotonic() - crossed[0] >= delay
+
+        return reached
+
     writer = Writer(db.conninfo, seed=3, pause=0.003)
     writer.start()
     try:
-        kills = 0
-        for attempt in range(20):
-            proc = start()
-            try:
-                threshold = len(list(batches.glob("*.parquet"))) + rng.randint(0, 2)
-                # Even attempts: killed in the function's pause, after a batch's rows are
-                # written and before it is recorded finished; odd ones anywhere a little
-                # later (building a batch, reading the copy, starting up).
-                delay = 0.0 if attempt % 2 == 0 else rng.uniform(0.6, 3.0)
-
-                def delivered(proc: Any = proc, threshold: int = threshold) -> bool:
-                    return (proc.poll() is not None
-                            or len(list(batches.glob("*.parquet"))) > threshold)
-
-                wait_for(delivered, timeout=600, interval=0.02, what="a batch delivered")
-                if delay:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(delay)
-                kills += snapshot_state()[0]
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            if kills >= 5:
-                break
-        assert kills >= 5, f"{kills} kills found the copy under way, not 5"
-        proc = start()
+        kill_during(command, env, stderr, kills=5, attempts=20, until=delivered,
+                    under_way=lambda: status()[0], group=True)
+        proc = start_cli(command, env=env, stderr_path=stderr, new_session=True)
         try:
-            wait_for(lambda: snapshot_state()[1], timeout=600, what="the copy done")
+            wait_for(lambda: status()[1], timeout=600, what="the copy done")
             n = writer.ops
             wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
             writer.stop()
