@@ -327,6 +327,23 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
     yield Chunk(table, inserts, True)
 
 
+def any_output_in(pipeline: Any, state: str) -> bool:
+    """Whether an output of ``pipeline`` records its initial copy as ``state`` ("copying":
+    it did not finish; "done")."""
+    return any(getattr(m.ctx.output, "snapshot_state", None) == state
+               for m in pipeline.members)
+
+
+def recorded_progress(pipeline: Any) -> dict[str, Any] | None:
+    """How far an output's snapshot was (FILE.progress, a Spark checkpoint), if one records
+    it."""
+    for m in pipeline.members:
+        state = getattr(m.ctx.output, "resume_incremental", None)
+        if state:
+            return dict(state)
+    return None
+
+
 def row_key(decoder: Decoder, table: TableCopy, insert: bytes) -> Key:
     """The key of the row an Insert message of the table carries."""
     message = decoder.decode(insert)

@@ -21,7 +21,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
@@ -65,7 +64,13 @@ from plugin_framework.sources.session import (
     wal_level_error,
 )
 from plugin_framework.sources.slots import create_replication_slot_command
-from plugin_framework.sources.snapshot import SnapshotCopy, key_text, row_key
+from plugin_framework.sources.snapshot import (
+    SnapshotCopy,
+    any_output_in,
+    key_text,
+    recorded_progress,
+    row_key,
+)
 
 log = logging.getLogger("pgdecode.source")
 
@@ -211,8 +216,8 @@ class WalsenderSource:
         exists = repl.command(
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
-        if exists and export and self._snapshot_interrupted():
-            recorded = self._recorded_incremental()
+        if exists and export and any_output_in(self.pipeline, "copying"):
+            recorded = recorded_progress(self.pipeline)
             if recorded is not None and recorded.get("initial"):
                 # Its snapshot went with the run that made it; the slot still streams from
                 # the consistent point: the tables left are copied as an incremental
@@ -234,8 +239,7 @@ class WalsenderSource:
                 log.warning('replication slot "%s" exists already, without two_phase: '
                             "--two-phase applies only to a slot created now", cfg.slot)
             if export:
-                if any(getattr(m.ctx.output, "snapshot_state", None) == "done"
-                       for m in self.pipeline.members):
+                if any_output_in(self.pipeline, "done"):
                     log.info('the initial snapshot with replication slot "%s" is in the '
                              "output already: streaming on", cfg.slot)
                 else:
@@ -287,18 +291,6 @@ class WalsenderSource:
                     "identity index on NOT NULL columns to copy in order). Give the table a "
                     "primary key, or leave it out of the publication for the copy. The slot "
                     "made for it was dropped again")
-
-    def _recorded_incremental(self) -> dict[str, Any] | None:
-        """How far an output's snapshot was (FILE.progress), if it records one."""
-        for m in self.pipeline.members:
-            state = getattr(m.ctx.output, "resume_incremental", None)
-            if state:
-                return dict(state)
-        return None
-
-    def _snapshot_interrupted(self) -> bool:
-        return any(getattr(m.ctx.output, "snapshot_state", None) == "copying"
-                   for m in self.pipeline.members)
 
     def _take_snapshot(self) -> bool:
         """Copy the published tables through the pipeline, then mark the copy done at the
@@ -528,7 +520,7 @@ class WalsenderSource:
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
                                           self.pipeline, self._proto, binary=cfg.binary)
-        recorded = self._recorded_incremental()
+        recorded = recorded_progress(self.pipeline)
         if recorded is not None:
             incremental.resume(recorded)  # where the output's last durable chunk left it
         for table in cfg.snapshot_tables:
