@@ -439,6 +439,20 @@ def test_emitter_options_are_checked(tmp_path: Path) -> None:
     assert (emitter.max_rows, emitter.max_delay, len(emitter.sinks)) == (5, 1.5, 1)
 
 
+def test_source_options_are_checked() -> None:
+    from plugin_framework.spark.source import SourceOptionError
+
+    base = {"dsn": "", "slot": "s", "publication": "p"}
+    with pytest.raises(SourceOptionError, match="never or initial, not 'always'"):
+        SourceOptions.parse({**base, "snapshot": "always"})
+    with pytest.raises(SourceOptionError, match=r'needs \.option\("slot"'):
+        SourceOptions.parse({"publication": "p"})
+    opts = SourceOptions.parse({**base, "snapshot": "Initial", "snapshotChunkRows": "500",
+                                "snapshotTables": "public.a, b,"})
+    assert (opts.snapshot, opts.snapshot_chunk_rows, opts.snapshot_tables) == \
+        ("initial", 500, ("public.a", "b"))
+
+
 def test_command_line_spark_emitter(db: Any, tmp_path: Path) -> None:
     """``pgdecode stream --emitter spark``: needs the entry point and the CLI giving the
     emitter its own output (see docs/spark.md)."""

@@ -71,15 +71,27 @@ def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str) -> LS
 
 
 @dataclass
-class _Window:
+class Window:
     """One chunk between its watermarks."""
 
     chunk_id: str
+    table: str  # schema.table
+    after: Key | None  # the chunk is the rows after this key (None: the table's first)
     inserts: list[bytes]
     keys: list[Key]
     open: bool = False  # the low watermark has come by in the stream
     changed: set[Key] = field(default_factory=set)
     dirty: bool = False  # a streamed or prepared transaction crossed it
+    # read again for a batch planned again (Spark's source): every row, at the high watermark
+    replay: bool = False
+    low: LSN | None = None  # the watermarks' places in the WAL (None: not known)
+    high: LSN | None = None
+
+    def rewind(self) -> None:
+        """The stream is read again from before the low watermark (a peek at a slot)."""
+        self.open = self.replay
+        self.changed = set()
+        self.dirty = False
 
 
 @dataclass
@@ -97,17 +109,20 @@ class IncrementalSnapshot:
 
     def __init__(self, conninfo: str, slot: str, publications: Sequence[str],
                  pipeline: Pipeline, proto_version: int, chunk_rows: int = CHUNK_ROWS,
-                 binary: bool = False) -> None:
+                 binary: bool = False, requests: bool = True) -> None:
         # binary: the stream's values are in binary format, which the chunk's text keys
-        # cannot be matched with: a snapshot is refused
+        # cannot be matched with: a snapshot is refused. requests: whether request messages
+        # (``pgdecode snapshot``) are taken (a reader that reads the stream again would
+        # take one again after it was done)
         self.conninfo, self.slot, self.publications = conninfo, slot, list(publications)
+        self.requests = requests
         self.pipeline = pipeline
         self.chunk_rows = chunk_rows
         self.binary = binary
         self.decoder = Decoder(proto_version)
         self.queue: list[str] = []
         self.current: _Table | None = None
-        self.window: _Window | None = None
+        self.window: Window | None = None
         self.done: list[str] = []
         # where to go on with a queued table an earlier run had begun (``resume``)
         self.resume_after: dict[str, Key] = {}
@@ -131,6 +146,10 @@ class IncrementalSnapshot:
         """At the end of a stream: the chunk under way is read again from the next one (its
         watermarks may never come), and the connection is opened again when needed."""
         self.window = None
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        """Close the connection to the database (opened again when needed)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -158,7 +177,7 @@ class IncrementalSnapshot:
                 return True
             return False
         window = self.window
-        if window is None or not window.open:
+        if window is None or not window.open or window.replay:
             return False
         if tag in _OUT_OF_ORDER:
             window.dirty = True
@@ -168,7 +187,8 @@ class IncrementalSnapshot:
     def _touches(self, data: bytes, in_stream: bool) -> bool:
         """Note the keys of a change of the table in the window (never ours to swallow)."""
         window, table = self.window, self.current
-        if window is None or not window.open or table is None or data[0] not in (_I, _U, _D):
+        if window is None or not window.open or window.replay or table is None \
+                or data[0] not in (_I, _U, _D):
             return False
         self.decoder.in_stream = in_stream
         message = self.decoder.decode(data)
@@ -196,7 +216,8 @@ class IncrementalSnapshot:
             return
         if not isinstance(body, dict):
             return
-        if body.get("request") == "snapshot" and body.get("slot") == self.slot:
+        if body.get("request") == "snapshot" and body.get("slot") == self.slot \
+                and self.requests:
             table = qualified_name(str(body.get("table")))
             log.info("incremental snapshot of %s requested", table)
             self.asked.add(table)
@@ -210,10 +231,15 @@ class IncrementalSnapshot:
         elif body.get("mark") == "high" and window.open:
             self._deliver(window, lsn)
 
-    def _deliver(self, window: _Window, lsn: LSN) -> None:
+    def _deliver(self, window: Window, lsn: LSN) -> None:
         table = self.current
         assert table is not None
         self.window = None
+        if window.replay:
+            assert table.copy.relation is not None
+            self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, window.inserts,
+                                        lsn, _now(), mark=True)
+            return
         if window.dirty:
             table.retries += 1
             if table.retries > MAX_RETRIES:
@@ -243,16 +269,21 @@ class IncrementalSnapshot:
     def _note_progress(self) -> None:
         """Tell the outputs that record it (FILE.progress) where the snapshots stand after
         the chunk being delivered: a restart resumes there."""
+        self.pipeline.note_snapshot_progress(self.progress())
+
+    def progress(self) -> dict[str, Any] | None:
+        """Where the snapshots stand (None: none was asked for), as ``resume`` takes it."""
         table = self.current
-        state: dict[str, Any] | None = None
-        if table is not None or self.queue or self.done:
-            state = {"slot": self.slot, "queue": list(self.queue), "done": list(self.done),
-                     "after": {name: key_text(key) for name, key in self.resume_after.items()}}
-            if table is not None:
-                state["table"] = table.copy.qualified
-                if table.after is not None:
-                    state["after"][table.copy.qualified] = key_text(table.after)
-        self.pipeline.note_snapshot_progress(state)
+        if table is None and not self.queue and not self.done:
+            return None
+        state: dict[str, Any] = {
+            "slot": self.slot, "queue": list(self.queue), "done": list(self.done),
+            "after": {name: key_text(key) for name, key in self.resume_after.items()}}
+        if table is not None:
+            state["table"] = table.copy.qualified
+            if table.after is not None:
+                state["after"][table.copy.qualified] = key_text(table.after)
+        return state
 
     def resume(self, state: dict[str, Any]) -> None:
         """Go on with the snapshots an output recorded (``note_incremental``, or an initial
@@ -276,21 +307,55 @@ class IncrementalSnapshot:
         """Between reads of the stream: start the next chunk if none is under way."""
         if self.window is not None:
             return
-        if self.current is None:
-            if not self.queue:
-                return
-            name = self.queue.pop(0)
-            try:
-                self.current = self._table(name)
-            except SourceError as exc:
-                if name not in self.asked:
-                    raise  # --snapshot-table: the command line is wrong
-                # asked by `pgdecode snapshot`: the stream goes on without it
-                log.error("%s; the request is dropped", exc)
-                self._note_progress()
-                return
-            self.current.after = self.resume_after.pop(name, None)
+        if self.current is None and not self._next_table():
+            return
+        assert self.current is not None
         self.window = self._read_chunk(self.current)
+
+    def _next_table(self) -> bool:
+        """The next queued table becomes the one under way; False: none can."""
+        if not self.queue:
+            return False
+        name = self.queue.pop(0)
+        try:
+            self.current = self._table(name)
+        except SourceError as exc:
+            if name not in self.asked:
+                raise  # --snapshot-table: the command line is wrong
+            # asked by `pgdecode snapshot`: the stream goes on without it
+            log.error("%s; the request is dropped", exc)
+            self._note_progress()
+            return False
+        self.current.after = self.resume_after.pop(name, None)
+        return True
+
+    def adopt(self, window: Window | None) -> bool:
+        """Take a chunk read earlier (by a reader that reads the stream again, from the
+        same progress): True if it is the next one."""
+        if self.current is None and not self._next_table():
+            return False
+        assert self.current is not None
+        if window is None or window.table != self.current.copy.qualified \
+                or window.after != self.current.after:
+            return False
+        window.rewind()
+        self.window = window
+        return True
+
+    def replay(self, table: str, after: Key | None, last: Key | None, chunk_id: str) -> None:
+        """The chunk of a batch planned again (Spark's source): the table's rows after
+        ``after`` up to ``last`` as they are now, every one delivered at the high watermark
+        of ``chunk_id`` (the stream after it brings each row to its value then; see
+        docs/snapshot.md)."""
+        copy = self._table(table).copy
+        inserts: list[bytes] = []
+        if last is not None:
+            statement = copy_statement(copy, after=after, upto=last)
+            inserts = [i for chunk in copy_chunks(self._connection(), copy, CHUNK_ROWS,
+                                                  statement=statement) for i in chunk.inserts]
+        self.current = _Table(copy, after)
+        self.window = Window(chunk_id, copy.qualified, after, inserts,
+                              self._keys(copy, inserts), open=True, replay=True)
 
     def _table(self, name: str) -> _Table:
         if self.binary:
@@ -320,22 +385,27 @@ class IncrementalSnapshot:
         log.info("incremental snapshot of %s: by %s", qualified, ", ".join(copy.key))
         return _Table(copy)
 
-    def _read_chunk(self, table: _Table) -> _Window:
+    def _read_chunk(self, table: _Table) -> Window:
         conn = self._connection()
         chunk_id = uuid.uuid4().hex
-        self._mark(conn, chunk_id, "low")
+        low = self._mark(conn, chunk_id, "low")
         copy = table.copy
         statement = copy_statement(copy, after=table.after, limit=self.chunk_rows)
         inserts = [i for chunk in copy_chunks(conn, copy, self.chunk_rows + 1,
                                               statement=statement) for i in chunk.inserts]
-        self._mark(conn, chunk_id, "high")
-        decoder = Decoder(self.decoder.proto_version)
-        keyed = [row_key(decoder, copy, data) for data in inserts]
-        return _Window(chunk_id, inserts, keyed)
+        high = self._mark(conn, chunk_id, "high")
+        return Window(chunk_id, copy.qualified, table.after, inserts,
+                       self._keys(copy, inserts), low=low, high=high)
 
-    def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
-        conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
-                     (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark})))
+    def _keys(self, copy: TableCopy, inserts: list[bytes]) -> list[Key]:
+        decoder = Decoder(self.decoder.proto_version)
+        return [row_key(decoder, copy, data) for data in inserts]
+
+    def _mark(self, conn: psycopg.Connection[Any], chunk_id: str, mark: str) -> LSN:
+        row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                           (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark}))).fetchone()
+        assert row is not None
+        return LSN(row[0])
 
 
 def qualified_name(name: str) -> str:

@@ -182,10 +182,11 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
                        in conn.execute(_TYPES_SQL, (user_types,)).fetchall()]
 
 
-def copy_statement(table: TableCopy, after: Key | None = None,
-                   limit: int | None = None) -> sql.Composed:
+def copy_statement(table: TableCopy, after: Key | None = None, limit: int | None = None,
+                   upto: Key | None = None) -> sql.Composed:
     """COPY of the table's published columns and rows, in key order where it has one; with
-    ``after`` and ``limit``, the next chunk of them (incremental.py)."""
+    ``after`` and ``limit``, the next chunk of them (incremental.py); with ``upto``, those
+    up to that key."""
     only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
     query = sql.SQL("SELECT {} FROM {}{}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), only,
@@ -194,11 +195,12 @@ def copy_statement(table: TableCopy, after: Key | None = None,
     where: list[sql.Composable] = []
     if table.row_filter is not None:
         where.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
-    if after is not None:  # COPY takes no parameters: literals, cast to the key's types
-        where.append(sql.SQL("({}) > ({})").format(keys, sql.SQL(", ").join(
-            sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
-                                     sql.SQL(t))
-            for v, t in zip(after, table.key_types, strict=True))))
+    for bound, op in ((after, ">"), (upto, "<=")):
+        if bound is not None:  # COPY takes no parameters: literals, cast to the key's types
+            where.append(sql.SQL("({}) {} ({})").format(keys, sql.SQL(op), sql.SQL(", ").join(
+                sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
+                                         sql.SQL(t))
+                for v, t in zip(bound, table.key_types, strict=True))))
     if where:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
     if table.ordered:

@@ -23,7 +23,10 @@ Options: ``dsn``, ``slot``, ``publication`` (comma-separated), ``createSlot`` (f
 a two-phase slot, so that prepared transactions keep their gid), ``maxChangesPerBatch``
 (100000; Spark's read limit), ``rowsPerPartition`` (50000), ``idleAdvanceBytes`` (16 MB: how
 much WAL without changes for us lets an empty batch move the slot on), ``protoVersion``,
-``streaming`` (on).
+``streaming`` (on), ``snapshot`` (``never``, or ``initial``: a query that starts without a
+checkpoint first copies the published tables into the stream, see source_snapshot.py),
+``snapshotTables`` (comma-separated: the tables to copy, default all published),
+``snapshotChunkRows`` (10000: rows per chunk, one chunk per batch).
 
 ``spark.read.format("pgoutput")`` reads what the slot holds now without consuming it (a
 peek), with the same options.
@@ -51,6 +54,7 @@ from pyspark.sql.streaming.datasource import (
 
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.sources.errors import explain
+from plugin_framework.sources.incremental import IncrementalSnapshot
 from plugin_framework.sources.session import (
     SourceConfig,
     highest_proto_version,
@@ -58,68 +62,19 @@ from plugin_framework.sources.session import (
 )
 from plugin_framework.sources.slots import create_slot, list_slots
 from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+from plugin_framework.spark.source_options import SourceOptionError, SourceOptions
+from plugin_framework.spark.source_snapshot import (
+    Make,
+    SourceSnapshot,
+    has_work,
+    initial_progress,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["PgoutputDataSource", "SourceOptions", "decode_slot"]
-
-
-class SourceOptionError(ValueError):
-    pass
-
-
-def _bool(text: str | None, default: bool) -> bool:
-    if text is None:
-        return default
-    value = text.strip().lower()
-    if value in ("true", "on", "yes", "1"):
-        return True
-    if value in ("false", "off", "no", "0"):
-        return False
-    raise SourceOptionError(f"expected true or false, not {text!r}")
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    dsn: str
-    slot: str
-    publications: tuple[str, ...]
-    create_slot: bool = False
-    max_changes: int | None = 100_000
-    rows_per_partition: int = 50_000
-    idle_advance_bytes: int = 16 * 1024 * 1024
-    proto_version: int | None = None
-    streaming: str = "on"
-
-    @classmethod
-    def parse(cls, options: Any) -> SourceOptions:
-        def get(name: str) -> str | None:
-            value = options.get(name)
-            return None if value is None else str(value)
-
-        dsn, slot, pubs = get("dsn"), get("slot"), get("publication")
-        if not slot:
-            raise SourceOptionError('the pgoutput source needs .option("slot", ...)')
-        if not pubs:
-            raise SourceOptionError('the pgoutput source needs .option("publication", ...)')
-        max_changes = get("maxChangesPerBatch")
-        proto = get("protoVersion")
-        try:
-            return cls(
-                dsn=dsn or "", slot=slot,
-                publications=tuple(p.strip() for p in pubs.split(",") if p.strip()),
-                create_slot=_bool(get("createSlot"), False),
-                max_changes=(100_000 if max_changes is None
-                             else int(max_changes) if int(max_changes) > 0 else None),
-                rows_per_partition=int(get("rowsPerPartition") or 50_000),
-                idle_advance_bytes=int(get("idleAdvanceBytes") or 16 * 1024 * 1024),
-                proto_version=int(proto) if proto else None,
-                streaming=(get("streaming") or "on").lower(),
-            )
-        except ValueError as exc:
-            raise SourceOptionError(f"bad pgoutput source option: {exc}") from None
+__all__ = ["PgoutputDataSource", "SourceOptionError", "SourceOptions", "decode_slot"]
 
 
 # --- decoding a range of the slot ------------------------------------------------------------
@@ -139,13 +94,16 @@ class _Collector(OutputPlugin):
         self.last_end: LSN | None = None
         self.full = False
         self.done = False  # the transaction ending at ``end`` was seen
+        self.snapshot_taken = False  # a snapshot chunk is among the rows
         self._cur: tuple[int, Any] | None = None
 
     def begin(self, ctx: Any, txn: Any) -> None:
         if self._cur is not None:
             self.builder.rollback(self._cur[1])
         mark = self.builder.mark()
-        self._cur = (self.builder.open_txn(txn.xid), mark)
+        snapshot = bool(txn.is_snapshot)
+        self._cur = (self.builder.open_txn(None if snapshot else txn.xid, snapshot=snapshot),
+                     mark)
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         assert self._cur is not None
@@ -159,15 +117,19 @@ class _Collector(OutputPlugin):
         assert self._cur is not None
         index, mark = self._cur
         self._cur = None
-        end = LSN(txn.end_lsn)
+        # A snapshot chunk sits at its high watermark, a message: one past it, so that it is
+        # after a transaction whose commit ends there, and before any that commits later
+        snapshot = bool(txn.is_snapshot)
+        end = LSN(txn.end_lsn + snapshot)
         if self.end is not None and end >= self.end:
             self.done = True
         if (end <= self.start or (self.end is not None and end > self.end) or self.full
-                or not self.builder.txn_rows(index)):
+                or not (snapshot or self.builder.txn_rows(index))):
             self.builder.rollback(mark)
             return
         self.builder.close_txn(index, txn, commit_lsn)
         self.last_end = end
+        self.snapshot_taken |= snapshot
         if self.limit is not None and self.builder.rows >= self.limit:
             self.full = True
 
@@ -179,6 +141,8 @@ class Decoded:
     end: LSN | None  # end of the last transaction with rows
     ack: LSN  # how far the slot may be advanced once these rows are processed
     idle_end: LSN | None  # no rows, nothing in flight: the WAL flush position read up to
+    snapshot: IncrementalSnapshot | None = None  # the snapshot side of the peek
+    snapshot_taken: bool = False  # its chunk is in the rows
 
 
 def _connect(opts: SourceOptions) -> psycopg.Connection[Any]:
@@ -210,13 +174,16 @@ def flush_position(opts: SourceOptions) -> LSN:
 
 
 def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
-                limit: int | None = None, upto: LSN | None = None) -> Decoded:
+                limit: int | None = None, upto: LSN | None = None,
+                snapshot: Make | None = None) -> Decoded:
     """Peek at the slot and collect the committed transactions ending after ``start``: up to
     and including ``end`` if given (a batch read again), else as many whole transactions as
-    make ``limit`` rows, up to the WAL flushed at ``upto`` (default: now)."""
+    make ``limit`` rows, up to the WAL flushed at ``upto`` (default: now). ``snapshot``: the
+    maker of a snapshot whose chunk the stream may deliver (source_snapshot.py)."""
     nchanges = None if limit is None or end is not None else max(4 * limit, 10_000)
     while True:
-        decoded, truncated = _peek(opts, start, end, limit, upto, nchanges)
+        decoded, truncated = _peek(opts, start, end, limit, upto, nchanges,
+                                   None if snapshot is None else snapshot())
         if decoded is not None:
             return decoded
         assert truncated and nchanges is not None
@@ -224,7 +191,8 @@ def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
 
 
 def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
-          upto: LSN | None, nchanges: int | None) -> tuple[Decoded | None, bool]:
+          upto: LSN | None, nchanges: int | None,
+          snap: IncrementalSnapshot | None) -> tuple[Decoded | None, bool]:
     with _connect(opts) as conn:
         flush_row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert flush_row is not None
@@ -243,6 +211,10 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
         pipeline = Pipeline(proto_version=proto, slot_name=opts.slot)
         pipeline.add(collector, output=MemoryOutput())
         pipeline.startup()
+        if snap is not None:
+            snap.pipeline = pipeline
+            if snap.window is not None:
+                snap.window.rewind()
         returned = 0
         try:
             with conn.cursor(name="pgdecode_peek") as cur:
@@ -253,7 +225,9 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
                     (opts.slot, str(stop_at), nchanges, flat))
                 for lsn, data in cur:
                     returned += 1
-                    pipeline.feed(bytes(data), LSN(lsn))
+                    raw, at = bytes(data), LSN(lsn)
+                    if snap is None or not snap.intercept(raw, at):
+                        pipeline.feed(raw, at)
                     if collector.full or collector.done:
                         break
         except psycopg.Error as exc:
@@ -264,13 +238,12 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
         if not (collector.full or collector.done) and nchanges is not None \
                 and returned >= nchanges:
             return None, True
-        rows = builder.rows
-        if rows:
-            assert collector.last_end is not None
-            return Decoded(builder.to_arrow(), rows, collector.last_end,
-                           min(ack, collector.last_end), None), False
+        rows, last_end = builder.rows, collector.last_end
+        if last_end is not None:
+            return Decoded(builder.to_arrow() if rows else None, rows, last_end,
+                           min(ack, last_end), None, snap, collector.snapshot_taken), False
         idle = flush if not pipeline.in_flight and pipeline.at_boundary else None
-        return Decoded(None, 0, None, ack, idle), False
+        return Decoded(None, 0, None, ack, idle, snap), False
 
 
 def advance_slot(opts: SourceOptions, lsn: LSN) -> None:
@@ -335,10 +308,15 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = options
         self._cache: dict[tuple[str, str], pa.Table | None] = {}
         self._target: LSN | None = None
+        self._snapshot = SourceSnapshot(options)
 
-    def initialOffset(self) -> dict[str, str]:
+    def initialOffset(self) -> dict[str, Any]:
         position = slot_position(self.opts)
-        return _offset(position, position)
+        offset: dict[str, Any] = _offset(position, position)
+        if self.opts.snapshot == "initial":  # a query without a checkpoint: copy the tables
+            with _connect(self.opts) as conn:
+                offset["snapshot"] = initial_progress(conn, self.opts)
+        return offset
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_changes is None:
@@ -348,36 +326,61 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = flush_position(self.opts)
 
-    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = LSN(start["lsn"])
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        decoded = decode_slot(self.opts, begin, limit=max_rows, upto=self._target)
+        progress = start.get("snapshot")
+        make = self._snapshot.plan(progress)
+        upto, high = self._target, self._snapshot.high
+        if upto is not None and high is not None:
+            upto = max(upto, high)  # availableNow: the snapshot is available now too
+        decoded = decode_slot(self.opts, begin, limit=max_rows, upto=upto, snapshot=make)
+        entries = self._snapshot.settle(decoded.snapshot, decoded.snapshot_taken)
+        # a chunk still waiting: the slot stays before its low watermark (read again)
+        waiting = self._snapshot.low
         if decoded.end is None:
             idle = decoded.idle_end
-            if idle is not None and idle - begin >= self.opts.idle_advance_bytes:
-                end = _offset(idle, idle)  # an empty batch, so that commit() moves the slot
-                self._cache[(start["lsn"], end["lsn"])] = None
-                return end
+            if idle is not None and waiting is None \
+                    and idle - begin >= self.opts.idle_advance_bytes:
+                # an empty batch, so that commit() moves the slot
+                self._cache[(start["lsn"], str(idle))] = None
+                return self._with_snapshot(_offset(idle, idle), progress, None)
             return start
-        end = _offset(decoded.end, decoded.ack)
+        end = _offset(decoded.end, decoded.ack if waiting is None else min(decoded.ack, waiting))
         self._cache = {(start["lsn"], end["lsn"]): decoded.table}
+        return self._with_snapshot(end, progress, entries)
+
+    @staticmethod
+    def _with_snapshot(end: dict[str, Any], progress: dict[str, Any] | None,
+                       entries: dict[str, Any] | None) -> dict[str, Any]:
+        """The end offset of a batch, with the snapshot's record: as the start's, or as the
+        batch's chunk leaves it (``entries``); none once the snapshot is over."""
+        if entries is not None:
+            end.update(entries)
+        elif progress is not None:
+            end["snapshot"] = progress
+        if not has_work(end.get("snapshot")):
+            end.pop("snapshot", None)
         return end
 
-    def partitions(self, start: dict[str, str],
-                   end: dict[str, str]) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any],
+                   end: dict[str, Any]) -> Sequence[InputPartition]:
         key = (start["lsn"], end["lsn"])
         if key[0] == key[1]:
             return []
         if key in self._cache:
             table = self._cache.pop(key)
         else:  # planned again after a restart: read the same range again
-            table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"])).table
+            chunk = end.get("chunk")
+            make = None if chunk is None else self._snapshot.replay(chunk)
+            table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"]),
+                                snapshot=make).table
         return _partitions(table, self.opts.rows_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition)
 
-    def commit(self, end: dict[str, str]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         advance_slot(self.opts, LSN(end.get("ack", end["lsn"])))
 
     def stop(self) -> None:
