@@ -339,3 +339,28 @@ def test_source_refuses_a_snapshot_it_cannot_resume(db: Any, spark: Any,
         chosen.stop()
     copied = {(ln["table"], ln["new"]["id"]) for ln in lines_of(batches) if ln["op"] == "snapshot"}
     assert copied == {("big", i) for i in range(1, 101)}
+
+
+def test_source_snapshot_with_available_now_takes_the_whole_copy(db: Any, spark: Any,
+                                                                  tmp_path: Path) -> None:
+    """``trigger(availableNow=True)`` with ``snapshot=initial`` ends only after the last
+    chunk (each chunk's watermark is written after the trigger began), and the changes
+    already in the slot come too."""
+    make_tables(db.conninfo, rows=12_000)
+    query(db.conninfo, "SELECT pg_create_logical_replication_slot('availnow', 'pgoutput')")
+    query(db.conninfo, "UPDATE big SET note = 'before' WHERE id % 1000 = 0; "
+                       "DELETE FROM part WHERE id < 700")
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    from plugin_framework.spark.source import PgoutputDataSource
+
+    spark.dataSource.register(PgoutputDataSource)
+    (spark.readStream.format("pgoutput").option("dsn", db.conninfo).option("slot", "availnow")
+     .option("publication", "pub").option("snapshot", "initial")
+     .option("snapshotChunkRows", "5000").load()
+     .writeStream.foreachBatch(keep_batch(batches))
+     .option("checkpointLocation", str(tmp_path / "ck"))
+     .trigger(availableNow=True).start().awaitTermination(300))
+    lines = check_batches(db, batches)
+    assert sum(ln["op"] == "snapshot" for ln in lines) == 12_000 + 1_200 - 99
+    assert "snapshot" not in source_offsets(tmp_path / "ck")[-1]
