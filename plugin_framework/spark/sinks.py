@@ -7,9 +7,10 @@
   into the partitions under names carrying the batch id (replacing those of an interrupted
   earlier attempt), then the batch is recorded in ``_pgdecode/commits``.
 - ``TableStateWriter(path)``: keeps the current state of each table at
-  ``path/<schema>/<table>``: the latest row per replica identity key by ``(commit_lsn,
-  seq)``, deleted rows removed, TRUNCATE applied, unchanged TOAST values carried over, in
-  the column types of ``split_tables``. Each batch writes a new version of the tables it
+  ``path/<schema>/<table>``, in the column types of ``split_tables``: each batch's net
+  changes (netchange.py: key chains followed, unchanged TOAST values carried over, deletes
+  and TRUNCATE applied) replace or remove the rows of the keys they touch; the other rows
+  stay as they were, with the ``_commit_lsn`` and ``_lsn`` of the change that wrote them. Each batch writes a new version of the tables it
   touches beside the current one and swaps it in; the batch id recorded in the version
   (``_pgdecode_batch-N``) makes a replayed batch a no-op. Tables without a key use all
   columns as the key (duplicate rows collapse). The rewrite reads the whole table state:
@@ -28,7 +29,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugin_framework.spark.tables import TableInfo, column, table_infos, typed_changes
+from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
+from plugin_framework.spark.tables import TableInfo, column, table_infos, typed_values
 
 __all__ = ["ChangeLogWriter", "TableStateWriter", "read_state", "state_path"]
 
@@ -228,16 +230,20 @@ class TableStateWriter:
         fs = _fs(spark, self.path)
         df = df.persist()
         try:
-            for info in table_infos(df):
-                if self.tables is not None and info.qualified_name not in self.tables:
-                    continue
-                self._apply(spark, fs, df, info, batch_id)
-                if self.on_table is not None:
-                    self.on_table(info.qualified_name, batch_id)
+            infos = table_infos(df)
+            rows = batch_rows(df)
         finally:
             df.unpersist()
+        for info in infos:
+            if self.tables is not None and info.qualified_name not in self.tables:
+                continue
+            net = net_changes(rows[info.schema, info.table],
+                              info.key_columns or [name for name, _, _ in info.columns])
+            self._apply(spark, fs, net, info, batch_id)
+            if self.on_table is not None:
+                self.on_table(info.qualified_name, batch_id)
 
-    def _apply(self, spark: Any, fs: _LocalFS | _HadoopFS, df: Any, info: TableInfo,
+    def _apply(self, spark: Any, fs: _LocalFS | _HadoopFS, net: NetChanges, info: TableInfo,
                batch_id: int) -> None:
         target = state_path(self.path, info.qualified_name)
         _recover(fs, target)
@@ -245,7 +251,7 @@ class TableStateWriter:
         if done is not None and done >= batch_id:
             return  # applied already
         existing = spark.read.parquet(target) if done is not None else None
-        state = merge_state(df, info, existing)
+        state = merge_state(spark, net, info, existing)
         parent, name = target.rsplit("/", 1)
         new = f"{parent}/.{name}.new-{batch_id}"
         old = f"{parent}/.{name}.old-{batch_id}"
@@ -259,128 +265,61 @@ class TableStateWriter:
         fs.delete(old)
 
 
-def merge_state(df: Any, info: TableInfo, existing: Any | None) -> Any:
-    """The table's state after the batch: ``existing`` (or nothing) with the batch's changes
-    applied in (commit_lsn, seq) order."""
-    from pyspark.sql import Window
+def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None) -> Any:
+    """The table's state after a batch: ``existing`` (or nothing) with the batch's net
+    changes (netchange.py) applied: the rows of the keys it touched replaced or removed,
+    unchanged TOAST values taken from the existing rows they began with, the other rows as
+    they were (their ``_commit_lsn`` included)."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
-    names = [name for name, _, _ in info.columns]
+    columns = [(name, pg) for name, pg, _ in info.columns]
+    names = [name for name, _ in columns]
     keys = list(info.key_columns) or names
-    changes = typed_changes(df, info, old_columns=keys)
-    data = [column(n) for n in names]
-    order = [F.col("_commit_lsn"), F.col("_seq"), F.col("_sub")]
+    types = dict(columns)
+    changes = spark.createDataFrame(net.table).select(
+        *typed_values(F.col("row"), F.col("row_json"), columns),
+        F.col("deleted").alias("_deleted"), F.col("fill").alias("_fill"),
+        *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
+                      prefix="_o_"),
+        F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+    out = [*[column(n) for n in names], F.col("_commit_lsn"), F.col("_lsn")]
+    puts = changes.filter(~F.col("_deleted"))
+    if existing is None or net.truncated:
+        return puts.select(*out)
 
-    # Events on keys: a "set" puts a row under its key, a "remove" takes a key away.
-    sets = changes.filter(F.col("_op").isin("INSERT", "UPDATE", "SNAPSHOT")).select(
-        *data, F.col("_lsn"), F.col("_commit_lsn"), F.col("_seq"), F.lit(1).alias("_sub"),
-        F.lit(True).alias("_set"), F.col("_unchanged_toast").alias("_toast"),
-        *[column(f"_old_{k}") for k in keys], F.col("_has_old"))
-    removes = changes.filter(
-        (F.col("_op") == "DELETE") | ((F.col("_op") == "UPDATE") & F.col("_has_old"))
-    ).select(
-        *[(F.col(f"_old_{n}") if n in keys else F.lit(None)).alias(n) for n in names],
-        F.col("_lsn"), F.col("_commit_lsn"), F.col("_seq"), F.lit(0).alias("_sub"),
-        F.lit(False).alias("_set"), F.array().cast("array<string>").alias("_toast"),
-        *[F.lit(None).alias(f"_old_{k}") for k in keys], F.lit(False).alias("_has_old"))
-    # a DELETE's row is its old key; take it from the before image in both cases
-    events = sets.unionByName(removes)
-    if existing is not None:
-        current = existing.select(
-            *[(column(n) if n in existing.columns else F.lit(None)).cast(_type(changes, n))
-              .alias(n) for n in names],
-            (F.col("_lsn") if "_lsn" in existing.columns else F.lit(None)).cast("bigint")
-            .alias("_lsn"),
-            F.lit(-1).cast("bigint").alias("_commit_lsn"), F.lit(-1).alias("_seq"),
-            F.lit(1).alias("_sub"), F.lit(True).alias("_set"),
-            F.array().cast("array<string>").alias("_toast"),
-            *[F.lit(None).alias(f"_old_{k}") for k in keys], F.lit(False).alias("_has_old"))
-        events = current.unionByName(events, allowMissingColumns=True)
-    if info.truncated_at is not None:
-        lsn, seq = info.truncated_at
-        events = events.filter((F.col("_commit_lsn") > lsn)
-                               | ((F.col("_commit_lsn") == lsn) & (F.col("_seq") > seq)))
-    key = F.struct(*[column(k) for k in keys])
-    events = events.withColumn("_key", key)
-    toast = [c for c in info.toast_columns if c in names]
-    if toast:
-        events = _carry_toast(events, toast, keys, moved=info.moved_toast)
-    latest = Window.partitionBy("_key").orderBy(*[o.desc() for o in order])
-    final = events.withColumn("_rn", F.row_number().over(latest)) \
-                  .filter((F.col("_rn") == 1) & F.col("_set"))
-    return final.select(*data, F.col("_commit_lsn"), F.col("_lsn"))
+    def meta(name: str) -> Any:
+        return (F.col(name) if name in existing.columns else F.lit(None)).cast("bigint")
+
+    base = existing.select(
+        *[(column(n) if n in existing.columns else F.lit(None)).cast(changes.schema[n].dataType)
+          .alias(n) for n in names], meta("_commit_lsn").alias("_commit_lsn"),
+        meta("_lsn").alias("_lsn"))
+
+    def same(left: str, right: str) -> Any:
+        return reduce(lambda a, b: a & b,
+                      [column(f"{left}{k}").eqNullSafe(column(f"{right}{k}")) for k in keys])
+
+    touched = changes.select(*[column(k).alias(f"_t_{k}") for k in keys])
+    kept = base.join(touched, same("", "_t_"), "left_anti")
+    if net.fills:
+        filled = sorted({c for row in net.table.column("fill").to_pylist() for c in row})
+        source = base.select(*[column(k).alias(f"_s_{k}") for k in keys],
+                             *[column(c).alias(f"_v_{c}") for c in filled])
+        puts = puts.join(source, same("_o_", "_s_"), "left")
+        for c in filled:
+            puts = puts.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
+                                   .otherwise(column(c)))
+    return kept.select(*out).unionByName(puts.select(*out))
 
 
-def _type(df: Any, name: str) -> Any:
-    return df.schema[name].dataType
-
-
-def _carry_toast(events: Any, columns: Sequence[str], keys: Sequence[str], *,
-                 moved: bool) -> Any:
-    """Fill unchanged TOAST columns of "set" events from the previous version of the row:
-    the latest earlier set event of the same key, or, for an UPDATE that came with its old
-    row (a key change, or REPLICA IDENTITY FULL), the old row itself or the latest earlier
-    version under the old key."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    order = [F.col("_commit_lsn"), F.col("_seq"), F.col("_sub")]
-    sets = events.filter(F.col("_set"))
-    others = events.filter(~F.col("_set"))
-    upto = Window.partitionBy("_key").orderBy(*order) \
-                 .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-
-    def known(c: str) -> Any:  # the value, wrapped so that a real NULL counts as known
-        return F.when(~F.array_contains(F.col("_toast"), c), F.struct(column(c).alias("v")))
-
-    if moved:
-        is_moved = F.col("_has_old") & (F.size("_toast") > 0)
-        # values known from the old row itself (its key columns; all of them under FULL)
-        for c in columns:
-            if c in keys:
-                sets = sets.withColumn(c, F.when(is_moved & F.array_contains("_toast", c),
-                                                 column(f"_old_{c}")).otherwise(column(c)))
-                sets = sets.withColumn("_toast", F.when(is_moved, F.array_remove("_toast", c))
-                                       .otherwise(F.col("_toast")))
-        lookup = [c for c in columns if c not in keys]
-        if lookup:
-            # the others from the latest earlier version under the old key
-            history = sets.select(
-                F.col("_key").alias("_h_key"), F.struct(*order).alias("_h_order"),
-                *[F.coalesce(known(c), F.last(known(c), ignorenulls=True).over(upto))
-                  .alias(f"_h_{c}") for c in lookup])
-            wanted = sets.filter(is_moved).select(
-                F.col("_key").alias("_m_key"), F.col("_commit_lsn").alias("_m_commit_lsn"),
-                F.col("_seq").alias("_m_seq"),
-                F.struct(*[column(f"_old_{k}").alias(k) for k in keys]).alias("_m_old"))
-            found = wanted.join(
-                history,
-                (F.col("_h_key") == F.col("_m_old"))
-                & (F.col("_h_order") < F.struct(F.col("_m_commit_lsn"), F.col("_m_seq"),
-                                                 F.lit(0))),
-                "inner",
-            ).groupBy("_m_key", "_m_commit_lsn", "_m_seq").agg(
-                *[F.max_by(column(f"_h_{c}"), F.col("_h_order")).alias(f"_o_{c}") for c in lookup])
-            sets = sets.join(
-                found,
-                (F.col("_key") == F.col("_m_key"))
-                & (F.col("_commit_lsn") == F.col("_m_commit_lsn"))
-                & (F.col("_seq") == F.col("_m_seq")),
-                "left",
-            )
-            for c in lookup:
-                hit = F.array_contains("_toast", c) & column(f"_o_{c}").isNotNull()
-                sets = sets.withColumn(c, F.when(hit, column(f"_o_{c}").getField("v"))
-                                       .otherwise(column(c)))
-                sets = sets.withColumn("_toast", F.when(hit, F.array_remove("_toast", c))
-                                       .otherwise(F.col("_toast")))
-            sets = sets.drop("_m_key", "_m_commit_lsn", "_m_seq", "_m_old",
-                             *[f"_o_{c}" for c in lookup])
-    for c in columns:
-        sets = sets.withColumn(f"_prev_{c}", F.last(known(c), ignorenulls=True).over(upto))
-    for c in columns:
-        sets = sets.withColumn(
-            c, F.when(F.array_contains(F.col("_toast"), c), column(f"_prev_{c}").getField("v"))
-            .otherwise(column(c)))
-    sets = sets.drop(*[f"_prev_{c}" for c in columns])
-    return sets.unionByName(others)
+def batch_rows(df: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """A batch's change rows by table, each table's in ``(commit_lsn, seq)`` order (one
+    collect)."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in df.select(*NET_COLUMNS).toArrow().to_pylist():
+        rows.setdefault((row["schema"], row["table"]), []).append(row)
+    for changes in rows.values():
+        changes.sort(key=lambda r: (r["commit_lsn"], r["seq"]))
+    return rows

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TableInfo", "column", "spark_type", "split_tables", "table_infos", "typed_changes"]
+__all__ = ["TableInfo", "column", "spark_type", "split_tables", "table_infos", "typed_changes",
+           "typed_values"]
 
 _TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
 
@@ -144,7 +145,7 @@ def _element_converter(dtype: Any) -> Any:
     return convert
 
 
-def _values(row_map: Any, row_json: Any, columns: Sequence[tuple[str, str]],
+def typed_values(row_map: Any, row_json: Any, columns: Sequence[tuple[str, str]],
             prefix: str = "") -> list[Any]:
     """Typed column expressions: scalars from the text map, arrays from the typed JSON (each
     element's JSON text converted as a scalar's text would be)."""
@@ -189,10 +190,10 @@ def typed_changes(df: Any, info: TableInfo, *, old_columns: Sequence[str] = ()) 
             F.col("xid").alias("_xid"), F.col("commit_time").alias("_commit_time"),
             F.col("origin").alias("_origin"), F.col("gid").alias("_gid"),
             F.col("unchanged_toast").alias("_unchanged_toast")]
-    exprs = meta + _values(row_map, row_json, columns)
+    exprs = meta + typed_values(row_map, row_json, columns)
     if old_columns:
         types = dict(columns)
-        exprs += _values(F.col("before"), F.col("before_json"),
+        exprs += typed_values(F.col("before"), F.col("before_json"),
                          [(n, types[n]) for n in old_columns], prefix="_old_")
         exprs.append(F.col("before").isNotNull().alias("_has_old"))
     return rows.select(*exprs)
