@@ -1,7 +1,8 @@
 """The mirror (``TableStateWriter``, #16) against the server's tables, on each version: a
 seeded random workload of key-change chains (within a batch and across batches), updates
 that leave TOAST values unchanged, deletes and reinserts of a key, rolled-back savepoints,
-TRUNCATE, a REPLICA IDENTITY FULL table, delivered in batches of 1, 7 and 10,000 changes;
+TRUNCATE, a REPLICA IDENTITY FULL table, then columns renamed, added, retyped and dropped,
+delivered in batches of 1, 7 and 10,000 changes;
 after each, the state equals ``SELECT *`` value by value, and every row carries the commit
 LSN of the change that wrote it."""
 
@@ -71,6 +72,18 @@ def run_workload(conn: Any, seed: int, transactions: int) -> None:
                     ex("INSERT INTO m_full VALUES (%s, 'n', %s)", (k % 6, big(r)))
         if r.random() < 0.02:
             ex("TRUNCATE m_full")
+    # The table's description changes: each column keeps its data (or goes)
+    for statement in (
+            "ALTER TABLE m_pk RENAME COLUMN note TO remark",
+            "UPDATE m_pk SET remark = remark || '!' WHERE id % 3 = 0",
+            "ALTER TABLE m_pk ADD COLUMN extra int, ADD COLUMN gone text",
+            "UPDATE m_pk SET extra = id, gone = 'g' WHERE id % 2 = 0",
+            "ALTER TABLE m_pk ALTER COLUMN v TYPE bigint",
+            "UPDATE m_pk SET v = v + 5000000000 WHERE id % 4 = 1",
+            "ALTER TABLE m_pk DROP COLUMN gone",
+            "UPDATE m_pk SET v = v + 1 WHERE id % 5 = 0",
+            "INSERT INTO m_pk (id, v, big) VALUES (99, 1, 'x')"):
+        ex(statement)
 
 
 def assert_mirrored(spark: Any, db: Any, path: str) -> None:

@@ -39,7 +39,7 @@ __all__ = ["NET_COLUMNS", "NetChanges", "net_changes"]
 
 # What net_changes needs of a batch's change rows
 NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "seq", "key", "before", "after",
-               "before_json", "after_json", "unchanged_toast")
+               "before_json", "after_json", "unchanged_toast", "columns")
 
 Key = tuple[str | None, ...]
 

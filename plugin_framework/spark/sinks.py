@@ -10,12 +10,13 @@
   ``path/<schema>/<table>``, in the column types of ``split_tables``: each batch's net
   changes (netchange.py: key chains followed, unchanged TOAST values carried over, deletes
   and TRUNCATE applied) replace or remove the rows of the keys they touch; the other rows
-  stay as they were, with the ``_commit_lsn`` and ``_lsn`` of the change that wrote them. Each batch writes a new version of the tables it
-  touches beside the current one and swaps it in; the batch id recorded in the version
-  (``_pgdecode_batch-N``) makes a replayed batch a no-op. Tables without a key use all
-  columns as the key (duplicate rows collapse). The rewrite reads the whole table state:
-  for large tables, merge into a table format with MERGE (Delta, Iceberg) from
-  ``split_tables`` instead.
+  stay as they were, with the ``_commit_lsn`` and ``_lsn`` of the change that wrote them.
+  Columns renamed, added or dropped follow the table (schemas.py). Each batch writes a new
+  version of the tables it touches beside the current one and swaps it in; the batch id
+  recorded in the version (``_pgdecode_batch-N``) makes a replayed batch a no-op. Tables
+  without a key use all columns as the key (duplicate rows collapse). The rewrite reads the
+  whole table state: for large tables, merge into a table format with MERGE (Delta,
+  Iceberg) from ``split_tables`` instead.
 
 Paths go through Hadoop's FileSystem of the session (any scheme Spark can write), or the
 local file system when the session has no JVM gateway (Spark Connect).
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
+from plugin_framework.spark.schemas import Description, SchemaChangeError, describe_rows
 from plugin_framework.spark.tables import TableInfo, column, table_infos, typed_values
 
 __all__ = ["ChangeLogWriter", "TableStateWriter", "read_state", "state_path"]
@@ -237,21 +239,23 @@ class TableStateWriter:
         for info in infos:
             if self.tables is not None and info.qualified_name not in self.tables:
                 continue
-            net = net_changes(rows[info.schema, info.table],
-                              info.key_columns or [name for name, _, _ in info.columns])
-            self._apply(spark, fs, net, info, batch_id)
+            self._apply(spark, fs, rows[info.schema, info.table], info, batch_id)
             if self.on_table is not None:
                 self.on_table(info.qualified_name, batch_id)
 
-    def _apply(self, spark: Any, fs: _LocalFS | _HadoopFS, net: NetChanges, info: TableInfo,
-               batch_id: int) -> None:
+    def _apply(self, spark: Any, fs: _LocalFS | _HadoopFS, rows: list[dict[str, Any]],
+               info: TableInfo, batch_id: int) -> None:
         target = state_path(self.path, info.qualified_name)
         _recover(fs, target)
         done = _batch_of(fs, target) if fs.exists(target) else None
         if done is not None and done >= batch_id:
             return  # applied already
         existing = spark.read.parquet(target) if done is not None else None
-        state = merge_state(spark, net, info, existing)
+        # columns renamed, added or dropped within the batch or since the state was written
+        _, renamed = describe_rows(info.qualified_name, rows,
+                                   None if existing is None else stored_description(existing))
+        net = net_changes(rows, info.key_columns or [name for name, _, _ in info.columns])
+        state = merge_state(spark, net, info, existing, renamed)
         parent, name = target.rsplit("/", 1)
         new = f"{parent}/.{name}.new-{batch_id}"
         old = f"{parent}/.{name}.old-{batch_id}"
@@ -265,11 +269,21 @@ class TableStateWriter:
         fs.delete(old)
 
 
-def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None) -> Any:
+def stored_description(state: Any) -> Description | None:
+    """The description a state was written with (None: written before it was kept)."""
+    fields = [f for f in state.schema.fields if not f.name.startswith("_")]
+    if not all("pg_type" in f.metadata for f in fields):
+        return None
+    return tuple((f.name, str(f.metadata["pg_type"])) for f in fields)
+
+
+def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None,
+                renamed: dict[str, str | None] | None = None) -> Any:
     """The table's state after a batch: ``existing`` (or nothing) with the batch's net
     changes (netchange.py) applied: the rows of the keys it touched replaced or removed,
     unchanged TOAST values taken from the existing rows they began with, the other rows as
-    they were (their ``_commit_lsn`` included)."""
+    they were (their ``_commit_lsn`` included). ``renamed``: the existing columns' names in
+    the batch's description (schemas.py; None: the same names)."""
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -284,7 +298,8 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
         *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
                       prefix="_o_"),
         F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
-    out = [*[column(n) for n in names], F.col("_commit_lsn"), F.col("_lsn")]
+    out = [*[column(n).alias(n, metadata={"pg_type": types[n]}) for n in names],
+           F.col("_commit_lsn"), F.col("_lsn")]
     puts = changes.filter(~F.col("_deleted"))
     if existing is None or net.truncated:
         return puts.select(*out)
@@ -292,10 +307,12 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     def meta(name: str) -> Any:
         return (F.col(name) if name in existing.columns else F.lit(None)).cast("bigint")
 
+    was = {n: n for n in names if n in existing.columns} if renamed is None else \
+        {new: old for old, new in renamed.items() if new is not None}
     base = existing.select(
-        *[(column(n) if n in existing.columns else F.lit(None)).cast(changes.schema[n].dataType)
-          .alias(n) for n in names], meta("_commit_lsn").alias("_commit_lsn"),
-        meta("_lsn").alias("_lsn"))
+        *[_cast_column(existing, info.qualified_name, was[n], n, changes.schema[n].dataType)
+          if n in was else F.lit(None).cast(changes.schema[n].dataType).alias(n)
+          for n in names], meta("_commit_lsn").alias("_commit_lsn"), meta("_lsn").alias("_lsn"))
 
     def same(left: str, right: str) -> Any:
         return reduce(lambda a, b: a & b,
@@ -312,6 +329,19 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
             puts = puts.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
                                    .otherwise(column(c)))
     return kept.select(*out).unionByName(puts.select(*out))
+
+
+def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> Any:
+    """An existing column under its new name and type; refused if a value does not cast."""
+    source = existing.schema[old].dataType
+    if source != dtype:
+        bad = existing.filter(column(old).isNotNull() & column(old).cast(dtype).isNull()).count()
+        if bad:
+            raise SchemaChangeError(
+                f"{table}: column {new} is now of Spark type {dtype.simpleString()}, and {bad} "
+                f"value(s) of the mirror's {source.simpleString()} column {old} do not cast "
+                "to it: rebuild the mirror of this table (a new snapshot)")
+    return column(old).cast(dtype).alias(new)
 
 
 def batch_rows(df: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:

@@ -1,0 +1,101 @@
+"""A table's description changing under a mirror (ALTER TABLE between changes): which
+column of an older description is which of the newest.
+
+pgoutput describes a table again (a Relation message) before its first change after the
+description changed, by its columns' names and types in order, without their attribute
+numbers. Two descriptions in a row differ by the DDL run between them:
+
+- as many columns as before: a column with the same name is the same column (its type may
+  have changed: the values are cast); one with another name but the same type, at the same
+  place, was renamed (its values kept); another name and another type at one place cannot
+  be told apart from a drop and an add: refused (SchemaChangeError);
+- more or fewer columns: columns are matched by name (added ones are NULL in older rows,
+  dropped ones leave the mirror).
+
+A DROP COLUMN then an ADD COLUMN of the same type at the end, with no change of the table
+between them, looks like a rename. The state keeps each column's PostgreSQL type in its
+Spark field metadata (``pg_type``), so that a later batch knows the description it was
+written with.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+__all__ = ["Description", "SchemaChangeError", "columns_map", "describe_rows"]
+
+Description = tuple[tuple[str, str], ...]  # (name, PostgreSQL type) of each column, in order
+
+
+class SchemaChangeError(ValueError):
+    pass
+
+
+def _step(table: str, old: Description, new: Description) -> dict[str, str | None]:
+    """Old column name -> new name (None: dropped) between two descriptions in a row."""
+    if len(old) != len(new):
+        names = {name for name, _ in new}
+        return {name: name if name in names else None for name, _ in old}
+    out: dict[str, str | None] = {}
+    for (n1, t1), (n2, t2) in zip(old, new, strict=True):
+        if n1 != n2 and t1 != t2:
+            raise SchemaChangeError(
+                f"{table}: column {n1} ({t1}) is now {n2} ({t2}) at the same place, which "
+                "pgoutput's description cannot tell from a column dropped and another added: "
+                "deliver a change of the table between such ALTER TABLEs, or rebuild the "
+                "mirror (a new snapshot)")
+        out[n1] = n2
+    return out
+
+
+def columns_map(table: str, chain: Sequence[Description]) -> dict[str, str | None]:
+    """The first description's column names -> the last's (None: dropped), through each
+    description in between."""
+    mapping: dict[str, str | None] = {name: name for name, _ in chain[0]} if chain else {}
+    for old, new in itertools.pairwise(chain):
+        if old == new:
+            continue
+        step = _step(table, old, new)
+        mapping = {first: None if now is None else step.get(now) for first, now in mapping.items()}
+    return mapping
+
+
+def description(columns: Any) -> Description:
+    """A change row's ``columns`` (Arrow's to_pylist form) as a Description."""
+    return tuple((c["name"], c["type"]) for c in columns or ())
+
+
+def describe_rows(table: str, rows: list[dict[str, Any]], stored: Description | None
+                  ) -> tuple[Description, dict[str, str | None] | None]:
+    """Rename the columns of ``rows`` (one table's change rows of a batch, in order) to the
+    batch's newest description, in place; returns that description and the map of the
+    ``stored`` description's columns (the state's) to it (None: none stored)."""
+    chain: list[Description] = [] if stored is None else [stored]
+    described = [description(r["columns"]) for r in rows]
+    for d in described:
+        if not chain or chain[-1] != d:
+            chain.append(d)
+    newest = chain[-1] if chain else ()
+    for row, d in zip(rows, described, strict=True):
+        if d != newest:
+            _rename(row, columns_map(table, chain[chain.index(d):]))
+    state_map = None if stored is None else columns_map(table, chain)
+    return newest, state_map
+
+
+def _rename(row: dict[str, Any], mapping: dict[str, str | None]) -> None:
+    """A change row's maps and JSON objects under the newest names (dropped columns out)."""
+    for name in ("key", "before", "after"):
+        if row[name] is not None:
+            row[name] = [(mapping[k], v) for k, v in row[name] if mapping.get(k) is not None]
+    for name in ("before_json", "after_json"):
+        if row[name] is not None:
+            values = orjson.loads(row[name])
+            row[name] = orjson.dumps({mapping[k]: v for k, v in values.items()
+                                      if mapping.get(k) is not None}).decode()
+    row["unchanged_toast"] = [mapping[c] for c in row["unchanged_toast"] or ()
+                              if mapping.get(c) is not None]
