@@ -6,7 +6,8 @@
 - Structured Streaming: ``spark.readStream.format("pgoutput")`` after
   ``spark.dataSource.register(PgoutputDataSource)``.
 
-Helpers: ``split_tables`` (typed per-table DataFrames), ``ChangeLogWriter`` and
+Helpers: ``split_tables`` (typed per-table DataFrames), ``change_feed`` (the same in
+Spark's change-feed shape), ``ChangeLogWriter`` and
 ``TableStateWriter`` (ready-made idempotent foreachBatch functions), ``read_state``.
 PySpark is imported only when something needs it.
 """
@@ -23,6 +24,7 @@ from plugin_framework.spark.batcher import (
     ForeachBatchPlugin,
     MicroBatchOutput,
 )
+from plugin_framework.spark.changefeed import change_feed
 from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter, read_state, state_path
@@ -33,7 +35,7 @@ __all__ = [
     "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS", "BatchFunction",
     "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
     "ForeachBatchPlugin", "ForeachBatchStream", "MicroBatchOutput", "PgoutputDataSource",
-    "TableInfo", "TableStateWriter", "arrow_schema", "change_schema", "lsn_text",
+    "TableInfo", "TableStateWriter", "arrow_schema", "change_feed", "change_schema", "lsn_text",
     "read_state", "spark_type", "split_tables", "state_path", "table_infos",
 ]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Description", "SchemaChangeError", "columns_map", "describe_rows"]
+__all__ = ["Description", "SchemaChangeError", "align_names", "columns_map", "describe_rows"]
 
 Description = tuple[tuple[str, str], ...]  # (name, PostgreSQL type) of each column, in order
 
@@ -99,3 +99,50 @@ def _rename(row: dict[str, Any], mapping: dict[str, str | None]) -> None:
                                       if mapping.get(k) is not None}).decode()
     row["unchanged_toast"] = [mapping[c] for c in row["unchanged_toast"] or ()
                               if mapping.get(c) is not None]
+
+
+def align_names(df: Any, info: Any) -> Any:
+    """One table's change rows of a batch with the column names of its newest description in
+    the batch (the maps' keys and the JSON objects' fields), in Spark: what
+    ``describe_rows`` does in the driver, for ``split_tables`` and ``change_feed``."""
+    from pyspark.sql import functions as F
+
+    described = F.to_json(F.col("columns"))
+    firsts = (df.groupBy(described.alias("d"))
+              .agg(F.min(F.struct("commit_lsn", "seq")).alias("first")).collect())
+    if len(firsts) < 2:
+        return df
+    texts = [r["d"] for r in sorted(firsts, key=lambda r: (r["first"][0], r["first"][1]))]
+    chain = [description(orjson.loads(t)) for t in texts]
+    renames = None
+    for i, text in enumerate(texts[:-1]):
+        mapping = columns_map(info.qualified_name, chain[i:])
+        if all(old == new for old, new in mapping.items()):
+            continue
+        literal = F.create_map(*[F.lit(x) for kv in mapping.items() for x in kv])
+        renames = (F.when(described == text, literal) if renames is None
+                   else renames.when(described == text, literal))
+    if renames is None:
+        return df
+    df = df.withColumn("_renames", renames)
+
+    def renamed(m: Any) -> Any:
+        kept = F.map_filter(m, lambda k, v: F.element_at(F.col("_renames"), k).isNotNull())
+        return F.when(F.col("_renames").isNull(), m).otherwise(
+            F.transform_keys(kept, lambda k, v: F.element_at(F.col("_renames"), k)))
+
+    def renamed_json(text: Any) -> Any:
+        # values as their JSON text (arrays stay parseable: typed_values reads them so)
+        return F.when(F.col("_renames").isNull() | text.isNull(), text).otherwise(
+            F.to_json(renamed(F.from_json(text, "map<string,string>"))))
+
+    for name in ("key", "before", "after"):
+        df = df.withColumn(name, renamed(F.col(name)))
+    for name in ("before_json", "after_json"):
+        df = df.withColumn(name, renamed_json(F.col(name)))
+    toast = F.filter(F.transform("unchanged_toast",
+                                 lambda c: F.element_at(F.col("_renames"), c)),
+                     lambda c: c.isNotNull())
+    df = df.withColumn("unchanged_toast", F.when(F.col("_renames").isNull(),
+                                                 F.col("unchanged_toast")).otherwise(toast))
+    return df.drop("_renames")

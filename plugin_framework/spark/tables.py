@@ -2,9 +2,11 @@
 
 ``split_tables(batch_df)`` returns one DataFrame per table of the batch: the change's
 metadata (``_op``, ``_lsn``, ``_commit_lsn``, ``_seq``, ``_xid``, ``_commit_time``,
-``_origin``, ``_gid``, ``_unchanged_toast``) followed by the table's columns in their own
-types. The types come from the Relation messages (the ``columns`` of each row; the newest
-description of a table in the batch wins):
+``_origin``, ``_gid``, ``_unchanged_toast``), the old key (``_old_<key column>`` from the
+old row where the server sent one: a key change, a DELETE, REPLICA IDENTITY FULL; and
+``_has_old``), then the table's columns in their own types. The types come from the
+Relation messages (the ``columns`` of each row; the newest description of a table in the
+batch wins):
 
 =============================================  =================================
 PostgreSQL                                     Spark
@@ -34,6 +36,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from plugin_framework.spark.schemas import align_names
 
 __all__ = ["TableInfo", "column", "spark_type", "split_tables", "table_infos", "typed_changes",
            "typed_values"]
@@ -177,10 +181,12 @@ def typed_values(row_map: Any, row_json: Any, columns: Sequence[tuple[str, str]]
 
 def typed_changes(df: Any, info: TableInfo, *, old_columns: Sequence[str] = ()) -> Any:
     """The changes of one table as a typed DataFrame; ``old_columns`` adds ``_old_<name>``
-    columns typed from the old row (for the state writer's key changes)."""
+    columns typed from the old row, and ``_has_old`` (the old row was sent), after the
+    metadata."""
     from pyspark.sql import functions as F
 
-    rows = df.filter((F.col("schema") == info.schema) & (F.col("table") == info.table))
+    rows = align_names(df.filter((F.col("schema") == info.schema)
+                                 & (F.col("table") == info.table)), info)
     is_delete = F.col("op") == "DELETE"
     row_map = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
     row_json = F.when(is_delete, F.col("before_json")).otherwise(F.col("after_json"))
@@ -190,17 +196,18 @@ def typed_changes(df: Any, info: TableInfo, *, old_columns: Sequence[str] = ()) 
             F.col("xid").alias("_xid"), F.col("commit_time").alias("_commit_time"),
             F.col("origin").alias("_origin"), F.col("gid").alias("_gid"),
             F.col("unchanged_toast").alias("_unchanged_toast")]
-    exprs = meta + typed_values(row_map, row_json, columns)
+    exprs = meta
     if old_columns:
         types = dict(columns)
         exprs += typed_values(F.col("before"), F.col("before_json"),
-                         [(n, types[n]) for n in old_columns], prefix="_old_")
+                              [(n, types[n]) for n in old_columns], prefix="_old_")
         exprs.append(F.col("before").isNotNull().alias("_has_old"))
-    return rows.select(*exprs)
+    return rows.select(*exprs, *typed_values(row_map, row_json, columns))
 
 
 def split_tables(df: Any, infos: Sequence[TableInfo] | None = None) -> dict[str, Any]:
     """``{"schema.table": typed DataFrame}`` for every table of a batch of changes."""
     if infos is None:
         infos = table_infos(df)
-    return {info.qualified_name: typed_changes(df, info) for info in infos}
+    return {info.qualified_name: typed_changes(df, info, old_columns=info.key_columns)
+            for info in infos}
