@@ -520,3 +520,41 @@ def test_changelog_writer_replaces_an_interrupted_attempt(spark: Any, tmp_path: 
     back = spark.read.parquet(str(log)).collect()
     assert sorted((r.seq, r.batch_id, r.table, str(r.date)) for r in back) == [
         (i, 4, "t", "2024-05-01") for i in range(3)]
+
+
+def test_dates_and_timestamps_before_year_1_keep_their_value(db: Any, spark: Any,
+                                                             tmp_path: Path) -> None:
+    """A BC date or timestamp (PostgreSQL's "0044-03-15 BC") is the same instant in Spark,
+    scalar or in an array: day and microsecond counts from 1970 compared with the server's."""
+    from pyspark.sql import functions as F
+
+    with db.connect(autocommit=True) as conn:
+        conn.execute("CREATE TABLE bc (id int PRIMARY KEY, d date, ts timestamp, "
+                     "tz timestamptz, ds date[]); CREATE PUBLICATION bc_pub FOR TABLE bc")
+    slot = _slot(db, "bc")
+    with db.connect(autocommit=True) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute("""INSERT INTO bc VALUES
+            (1, '0044-03-15 BC', '0044-03-15 12:34:56.789 BC', '0044-03-15 12:00:00+00 BC',
+             ARRAY['0001-12-31 BC', '0001-01-01', '4713-11-24 BC']::date[]),
+            (2, '0001-01-01 BC', '0001-12-31 23:59:59.999999 BC', '0001-01-01 00:00:00+00',
+             NULL),
+            (3, '4713-11-24 BC', '2000-02-29 00:00:01', '1999-12-31 23:59:59.5+00', '{}')""")
+    end = _end(db)
+    got: dict[int, tuple[Any, ...]] = {}
+
+    def fn(df: Any, batch_id: int) -> None:
+        epoch = F.lit("1970-01-01").cast("date")
+        for r in split_tables(df)["public.bc"].select(
+                "id", F.datediff("d", epoch), F.unix_micros(F.col("ts").cast("timestamp")),
+                F.unix_micros("tz"), F.transform("ds", lambda x: F.datediff(x, epoch))).collect():
+            got[r[0]] = tuple(r[1:])
+
+    ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=slot, publications=["bc_pub"],
+                       checkpoint=str(tmp_path), endpos=end).run()
+    expected = {r[0]: tuple(r[1:]) for r in db.execute(
+        "SELECT id, d - date '1970-01-01', (extract(epoch FROM ts) * 1000000)::bigint, "
+        "(extract(epoch FROM tz) * 1000000)::bigint, "
+        "ARRAY(SELECT x - date '1970-01-01' FROM unnest(ds) x) FROM bc")}
+    expected[2] = (*expected[2][:3], None)  # a NULL array
+    assert got == {k: (*v[:3], None if v[3] is None else list(v[3])) for k, v in expected.items()}

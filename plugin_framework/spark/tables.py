@@ -24,7 +24,8 @@ everything else (text, uuid, json, enums ...)  string, the server's text
 =============================================  =================================
 
 Values that do not fit the Spark type (``infinity`` dates and timestamps, NaN in a
-``numeric(p,s)``, a multi-dimensional array) become NULL. An INSERT or UPDATE row carries the
+``numeric(p,s)``, a multi-dimensional array) become NULL. Dates and timestamps before year 1
+(BC) are kept. An INSERT or UPDATE row carries the
 new values; a DELETE row carries the old key (every column under REPLICA IDENTITY FULL) and
 NULL elsewhere; a TRUNCATE row only metadata. Unchanged TOAST columns are NULL and named in
 ``_unchanged_toast``.
@@ -139,7 +140,25 @@ def _from_text(text: Any, dtype: Any, *, hex_prefix: bool = True) -> Any:
         if hex_prefix:
             return F.when(text.startswith("\\x"), F.unhex(F.substring(text, 3, 1 << 30)))
         return F.unhex(text)  # the json emitter's hex, in arrays
+    if isinstance(dtype, T.DateType | T.TimestampType | T.TimestampNTZType):
+        text = _astronomical(text)
     return text.try_cast(dtype)
+
+
+_BC = r"^(\d+)-(.*) BC$"
+
+
+def _astronomical(text: Any) -> Any:
+    """PostgreSQL's text of a date or timestamp before year 1 ("0044-03-15 BC") as Spark
+    reads such years: astronomical, with a sign ("-0043-03-15"; 1 BC is year 0000). Both
+    count days in the proleptic Gregorian calendar."""
+    from pyspark.sql import functions as F
+
+    year = 1 - F.regexp_extract(text, _BC, 1).cast("int")
+    signed = F.when(year == 0, F.lit("0000")).otherwise(
+        F.concat(F.lit("-"), F.lpad((-year).cast("string"), 4, "0")))
+    return F.when(text.endswith(" BC"),
+                  F.concat(signed, F.lit("-"), F.regexp_extract(text, _BC, 2))).otherwise(text)
 
 
 def _element_converter(dtype: Any) -> Any:
