@@ -13,6 +13,8 @@ Options:
 - ``changelog-path=PATH``: append the change log to Parquet, partitioned by schema, table
   and date (``ChangeLogWriter``), before ``foreach-batch`` runs;
 - ``state-path=PATH``: maintain each table's current state as Parquet (``TableStateWriter``);
+- ``delta-path=PATH``: maintain each table's current state as Delta Lake tables
+  (``DeltaTableWriter``; needs the ``delta`` extra);
 - ``max-rows`` (10000), ``max-bytes`` (64 MB), ``max-delay`` (seconds, 5): a batch goes
   out when it reaches any of them (a transaction is never split); with ``max-delay``, use
   a ``--status-interval`` no longer than it, as the delay is checked at status updates too;
@@ -38,6 +40,7 @@ from plugin_framework.spark import (
     DEFAULT_MAX_ROWS,
     BatchFunction,
     ChangeLogWriter,
+    DeltaTableWriter,
     ForeachBatchPlugin,
     TableStateWriter,
 )
@@ -82,6 +85,7 @@ OPTIONS = [
     Option("foreach-batch", None, _text, "MODULE:FUNCTION called as fn(batch_df, batch_id)"),
     Option("changelog-path", None, _text, "append the change log to Parquet here"),
     Option("state-path", None, _text, "maintain the tables' current state as Parquet here"),
+    Option("delta-path", None, _text, "maintain the tables' current state as Delta tables here"),
     Option("max-rows", DEFAULT_MAX_ROWS, _positive_int, "rows that close a batch"),
     Option("max-bytes", DEFAULT_MAX_BYTES, _positive_int, "bytes (estimated) that close a batch"),
     Option("max-delay", DEFAULT_MAX_DELAY, _seconds, "seconds after which a batch goes out"),
@@ -135,6 +139,8 @@ class SparkEmitter(ForeachBatchPlugin):
             sinks.append(ChangeLogWriter(opts["changelog-path"]))
         if opts["state-path"] is not None:
             sinks.append(TableStateWriter(opts["state-path"]))
+        if opts["delta-path"] is not None:
+            sinks.append(DeltaTableWriter(opts["delta-path"]))
         self.sinks = sinks + self.sinks
         if self.spark is None:
             # Spark's Python workers must run this interpreter (and find pgdecode)

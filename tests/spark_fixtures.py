@@ -5,9 +5,10 @@ pipeline runner to start (and kill) as a subprocess:
     python tests/spark_fixtures.py emitter|source --dsn ... --slot ... --work DIR \\
         [--kill-at BATCH_ID]
 
-With ``--kill-at N`` the foreachBatch function, in batch N, writes the change log and the
-new state of the first table, touches ``DIR/killme`` and sleeps: the test kills the process
-group with SIGKILL there, in the middle of the batch.
+The foreachBatch function writes the change log, the Parquet state and the Delta state. With
+``--kill-at N`` it does so in batch N up to the Delta state of the first table, then touches
+``DIR/killme`` and sleeps: the test kills the process group with SIGKILL there, in the
+middle of the batch.
 """
 
 from __future__ import annotations
@@ -171,10 +172,19 @@ def table_columns(db: Any, table: str) -> list[str]:
         "AND NOT attisdropped ORDER BY attnum", (table,))]
 
 
-def assert_state_equals_tables(spark: Any, db: Any, path: str) -> None:
+def delta_rows(path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    """``DeltaTableWriter``'s state of a table, as deltalake reads it (no Spark)."""
+    from plugin_framework.spark import read_delta
+
+    data = read_delta(path, table).to_pyarrow_table().select(columns).to_pylist()
+    return [tuple(_norm(row[c]) for c in columns) for row in data]
+
+
+def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = False) -> None:
     for table in TABLES:
         columns = table_columns(db, table)
-        rows = state_rows(spark, path, table, columns)
+        rows = delta_rows(path, table, columns) if delta else \
+            state_rows(spark, path, table, columns)
         assert len(rows) == len(set(rows)), f"{table}: duplicate rows in the state"
         expected = table_rows(db, table)
         missing, extra = expected - set(rows), set(rows) - expected
@@ -275,7 +285,7 @@ def spark_session() -> Iterator[Any]:
 
 
 def _batch_function(work: Path, kill_at: int | None) -> Any:
-    from plugin_framework.spark import ChangeLogWriter, TableStateWriter
+    from plugin_framework.spark import ChangeLogWriter, DeltaTableWriter, TableStateWriter
 
     def applied(table: str, batch_id: int) -> None:
         if batch_id == kill_at:
@@ -283,7 +293,8 @@ def _batch_function(work: Path, kill_at: int | None) -> Any:
             time.sleep(600)  # killed here, in the middle of the batch
 
     log = ChangeLogWriter(str(work / "log"))
-    state = TableStateWriter(str(work / "state"), on_table=applied)
+    state = TableStateWriter(str(work / "state"))
+    delta = DeltaTableWriter(str(work / "delta"), on_table=applied)
     batches = work / "batches"
 
     def fn(df: Any, batch_id: int) -> None:
@@ -293,8 +304,10 @@ def _batch_function(work: Path, kill_at: int | None) -> Any:
         log(df, batch_id)
         logged = time.monotonic()
         state(df, batch_id)
+        stated = time.monotonic()
+        delta(df, batch_id)
         print(f"batch {batch_id}: change log {logged - started:.1f} s, state "
-              f"{time.monotonic() - logged:.1f} s", flush=True)
+              f"{stated - logged:.1f} s, delta {time.monotonic() - stated:.1f} s", flush=True)
 
     return fn
 

@@ -1,10 +1,10 @@
-"""The mirror (``TableStateWriter``, #16) against the server's tables, on each version: a
-seeded random workload of key-change chains (within a batch and across batches), updates
-that leave TOAST values unchanged, deletes and reinserts of a key, rolled-back savepoints,
-TRUNCATE, a REPLICA IDENTITY FULL table, then columns renamed, added, retyped and dropped,
-delivered in batches of 1, 7 and 10,000 changes;
-after each, the state equals ``SELECT *`` value by value, and every row carries the commit
-LSN of the change that wrote it."""
+"""The mirrors (``TableStateWriter``, ``DeltaTableWriter``, #16) against the server's tables,
+on each version: a seeded random workload of key-change chains (within a batch and across
+batches), updates that leave TOAST values unchanged, deletes and reinserts of a key,
+rolled-back savepoints, TRUNCATE, a REPLICA IDENTITY FULL table, then columns renamed, added,
+retyped and dropped, delivered in batches of 1, 7 and 10,000 changes (to Delta: of 7, each
+batch twice); after each, the state equals ``SELECT *`` value by value, and every row carries
+the commit LSN of the change that wrote it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import _norm, spark_session, state_rows, table_rows  # noqa: F401
+from spark_fixtures import delta_rows, spark_session, state_rows, table_rows  # noqa: F401
 
 from plugin_framework.spark import (
+    DeltaTableWriter,
     ForeachBatchStream,
     TableStateWriter,
     change_feed,
+    read_delta,
+    read_state,
     split_tables,
 )
 
@@ -91,12 +94,13 @@ def run_workload(conn: Any, seed: int, transactions: int) -> None:
         ex(statement)
 
 
-def assert_mirrored(spark: Any, db: Any, path: str) -> None:
+def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> None:
     for table in TABLES:
         columns = [r[0] for r in db.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
             "AND NOT attisdropped ORDER BY attnum", (table,))]
-        rows = state_rows(spark, path, table, columns)
+        rows = delta_rows(path, table, columns) if delta else \
+            state_rows(spark, path, table, columns)
         expected = table_rows(db, table)
         if table == "public.m_full":  # every column is the key: equal rows are one
             rows = list(set(rows))
@@ -105,9 +109,9 @@ def assert_mirrored(spark: Any, db: Any, path: str) -> None:
         assert not missing and not extra, (
             f"{table}: {len(missing)} rows missing (e.g. {str(sorted(missing)[:1])[:300]}), "
             f"{len(extra)} unexpected (e.g. {str(sorted(extra)[:1])[:300]})")
-        from plugin_framework.spark import read_state
-
-        lsns = [r[0] for r in read_state(spark, path, table).select("_commit_lsn").collect()]
+        lsns = read_delta(path, table).to_pyarrow_table().column("_commit_lsn").to_pylist() \
+            if delta else [r[0] for r in read_state(spark, path, table)
+                           .select("_commit_lsn").collect()]
         assert all(lsn is not None and lsn > 0 for lsn in lsns), f"{table}: no commit LSN"
 
 
@@ -132,6 +136,7 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
             old_keys.append((int(raw[r["_commit_lsn"], r["_seq"]]["id"]), r["_old_id"]))
         feed.extend(change_feed(df)["public.m_pk"].collect())
 
+    delta = str(tmp_path / "delta")
     for size in sizes:
         state = str(tmp_path / f"state{size}")
         writer = TableStateWriter(state)
@@ -140,11 +145,16 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
             writer(df, batch_id)
             if size == sizes[-1]:
                 split(df, batch_id)
+            if size == sizes[1]:  # Delta; each batch twice, as after a crash
+                DeltaTableWriter(delta)(df, batch_id)
+                DeltaTableWriter(delta)(df, batch_id)
 
         ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=f"m{size}",
                            publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
                            max_rows=size, endpos=end).run()
         assert_mirrored(spark, db, state)
+        if size == sizes[1]:
+            assert_mirrored(spark, db, delta, delta=True)
     # split_tables gives the old key of key changes and deletes (what a MERGE deletes)
     assert len(old_keys) > 10 and all(a == b for a, b in old_keys), old_keys[:5]
     # change_feed: a preimage before each postimage; replayed by key, it gives the table

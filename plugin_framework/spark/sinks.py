@@ -32,9 +32,9 @@ from typing import Any
 
 from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
 from plugin_framework.spark.schemas import Description, SchemaChangeError, describe_rows
-from plugin_framework.spark.tables import TableInfo, column, table_infos, typed_values
+from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
-__all__ = ["ChangeLogWriter", "TableStateWriter", "read_state", "state_path"]
+__all__ = ["ChangeLogWriter", "TableSink", "TableStateWriter", "read_state", "state_path"]
 
 _MARKER = "_pgdecode_batch"
 
@@ -216,8 +216,10 @@ def _batch_of(fs: _LocalFS | _HadoopFS, target: str) -> int | None:
     return max(found) if found else None
 
 
-class TableStateWriter:
-    """``fn(batch_df, batch_id)`` maintaining each table's current state at ``path``."""
+class TableSink:
+    """The frame of the sinks that keep each table's current state: ``fn(batch_df,
+    batch_id)`` collects the batch once, then applies each table's change rows (in
+    ``(commit_lsn, seq)`` order) with ``apply``."""
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None) -> None:
@@ -229,22 +231,26 @@ class TableStateWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         spark = df.sparkSession
-        fs = _fs(spark, self.path)
-        df = df.persist()
-        try:
-            infos = table_infos(df)
-            rows = batch_rows(df)
-        finally:
-            df.unpersist()
-        for info in infos:
+        for (schema, table), rows in sorted(batch_rows(df).items()):
+            info = rows_info(schema, table, rows)
             if self.tables is not None and info.qualified_name not in self.tables:
                 continue
-            self._apply(spark, fs, rows[info.schema, info.table], info, batch_id)
+            self.apply(spark, rows, info, batch_id)
             if self.on_table is not None:
                 self.on_table(info.qualified_name, batch_id)
 
-    def _apply(self, spark: Any, fs: _LocalFS | _HadoopFS, rows: list[dict[str, Any]],
-               info: TableInfo, batch_id: int) -> None:
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        raise NotImplementedError
+
+
+class TableStateWriter(TableSink):
+    """``fn(batch_df, batch_id)`` maintaining each table's current state in Parquet at
+    ``path``."""
+
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        fs = _fs(spark, self.path)
         target = state_path(self.path, info.qualified_name)
         _recover(fs, target)
         done = _batch_of(fs, target) if fs.exists(target) else None
@@ -277,6 +283,54 @@ def stored_description(state: Any) -> Description | None:
     return tuple((f.name, str(f.metadata["pg_type"])) for f in fields)
 
 
+def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
+    """The net changes as a typed DataFrame: the table's columns (the row to put, or the key
+    that goes), ``_deleted``, ``_fill`` (the columns to take from the target's row under
+    the key ``_o_<key>``), ``_commit_lsn`` and ``_lsn``."""
+    from pyspark.sql import functions as F
+
+    columns = [(name, pg) for name, pg, _ in info.columns]
+    types = dict(columns)
+    keys = key_names(info)
+    return spark.createDataFrame(net.table).select(
+        *typed_values(F.col("row"), F.col("row_json"), columns),
+        F.col("deleted").alias("_deleted"), F.col("fill").alias("_fill"),
+        *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
+                      prefix="_o_"),
+        F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+
+
+def key_names(info: TableInfo) -> list[str]:
+    """The columns a table's rows are keyed by in a mirror: the replica identity, else all."""
+    return list(info.key_columns) or [name for name, _, _ in info.columns]
+
+
+def _same(keys: Sequence[str], left: str, right: str) -> Any:
+    """The join condition of two key column sets (``<prefix><key>``), NULLs equal."""
+    from functools import reduce
+
+    return reduce(lambda a, b: a & b,
+                  [column(f"{left}{k}").eqNullSafe(column(f"{right}{k}")) for k in keys])
+
+
+def fill_from(changes: Any, net: NetChanges, info: TableInfo, base: Any) -> Any:
+    """``net_frame``'s rows with their unchanged TOAST values (``_fill``) taken from
+    ``base``'s rows (the target's state, with the batch's column names) under ``_o_<key>``."""
+    from pyspark.sql import functions as F
+
+    if not net.fills:
+        return changes
+    keys = key_names(info)
+    filled = sorted({c for row in net.table.column("fill").to_pylist() for c in row})
+    source = base.select(*[column(k).alias(f"_s_{k}") for k in keys],
+                         *[column(c).alias(f"_v_{c}") for c in filled])
+    out = changes.join(source, _same(keys, "_o_", "_s_"), "left")
+    for c in filled:
+        out = out.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
+                             .otherwise(column(c)))
+    return out.select(*[column(c) for c in changes.columns])
+
+
 def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None,
                 renamed: dict[str, str | None] | None = None) -> Any:
     """The table's state after a batch: ``existing`` (or nothing) with the batch's net
@@ -284,25 +338,15 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     unchanged TOAST values taken from the existing rows they began with, the other rows as
     they were (their ``_commit_lsn`` included). ``renamed``: the existing columns' names in
     the batch's description (schemas.py; None: the same names)."""
-    from functools import reduce
-
     from pyspark.sql import functions as F
 
-    columns = [(name, pg) for name, pg, _ in info.columns]
-    names = [name for name, _ in columns]
-    keys = list(info.key_columns) or names
-    types = dict(columns)
-    changes = spark.createDataFrame(net.table).select(
-        *typed_values(F.col("row"), F.col("row_json"), columns),
-        F.col("deleted").alias("_deleted"), F.col("fill").alias("_fill"),
-        *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
-                      prefix="_o_"),
-        F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+    names = [name for name, _, _ in info.columns]
+    types = {name: pg for name, pg, _ in info.columns}
+    changes = net_frame(spark, net, info)
     out = [*[column(n).alias(n, metadata={"pg_type": types[n]}) for n in names],
            F.col("_commit_lsn"), F.col("_lsn")]
-    puts = changes.filter(~F.col("_deleted"))
     if existing is None or net.truncated:
-        return puts.select(*out)
+        return changes.filter(~F.col("_deleted")).select(*out)
 
     def meta(name: str) -> Any:
         return (F.col(name) if name in existing.columns else F.lit(None)).cast("bigint")
@@ -313,21 +357,10 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
         *[_cast_column(existing, info.qualified_name, was[n], n, changes.schema[n].dataType)
           if n in was else F.lit(None).cast(changes.schema[n].dataType).alias(n)
           for n in names], meta("_commit_lsn").alias("_commit_lsn"), meta("_lsn").alias("_lsn"))
-
-    def same(left: str, right: str) -> Any:
-        return reduce(lambda a, b: a & b,
-                      [column(f"{left}{k}").eqNullSafe(column(f"{right}{k}")) for k in keys])
-
+    keys = key_names(info)
     touched = changes.select(*[column(k).alias(f"_t_{k}") for k in keys])
-    kept = base.join(touched, same("", "_t_"), "left_anti")
-    if net.fills:
-        filled = sorted({c for row in net.table.column("fill").to_pylist() for c in row})
-        source = base.select(*[column(k).alias(f"_s_{k}") for k in keys],
-                             *[column(c).alias(f"_v_{c}") for c in filled])
-        puts = puts.join(source, same("_o_", "_s_"), "left")
-        for c in filled:
-            puts = puts.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
-                                   .otherwise(column(c)))
+    kept = base.join(touched, _same(keys, "", "_t_"), "left_anti")
+    puts = fill_from(changes, net, info, base).filter(~F.col("_deleted"))
     return kept.select(*out).unionByName(puts.select(*out))
 
 

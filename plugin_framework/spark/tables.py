@@ -40,8 +40,8 @@ from typing import Any
 
 from plugin_framework.spark.schemas import align_names
 
-__all__ = ["TableInfo", "column", "spark_type", "split_tables", "table_infos", "typed_changes",
-           "typed_values"]
+__all__ = ["TableInfo", "column", "rows_info", "spark_type", "split_tables", "table_infos",
+           "typed_changes", "typed_values"]
 
 _TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
 
@@ -92,9 +92,6 @@ class TableInfo:
     table: str
     columns: tuple[tuple[str, str, bool], ...]  # name, PostgreSQL type, is key
     rows: int = 0
-    truncated_at: tuple[int, int] | None = None  # (commit_lsn, seq) of the last TRUNCATE
-    toast_columns: tuple[str, ...] = ()  # columns some UPDATE left as unchanged TOAST
-    moved_toast: bool = False  # an UPDATE with an old row and unchanged TOAST columns
 
     @property
     def qualified_name(self) -> str:
@@ -105,28 +102,26 @@ class TableInfo:
         return tuple(name for name, _, key in self.columns if key)
 
 
+def _columns(described: Any) -> tuple[tuple[str, str, bool], ...]:
+    return tuple((c["name"], c["type"], bool(c["key"])) for c in described or ())
+
+
 def table_infos(df: Any) -> list[TableInfo]:
     """The tables of a batch, with their newest description (one small Spark job)."""
     from pyspark.sql import functions as F
 
-    order = F.struct("commit_lsn", "seq")
     rows = df.groupBy("schema", "table").agg(
-        F.max_by("columns", order).alias("columns"),
-        F.count(F.lit(1)).alias("rows"),
-        F.max(F.when(F.col("op") == "TRUNCATE", order)).alias("truncated_at"),
-        F.array_distinct(F.flatten(F.collect_list("unchanged_toast"))).alias("toast"),
-        F.max(F.when((F.col("op") == "UPDATE") & F.col("before").isNotNull()
-                     & (F.size("unchanged_toast") > 0), F.lit(True))).alias("moved_toast"),
-    ).collect()
-    infos = []
-    for r in rows:
-        columns = tuple((c["name"], c["type"], bool(c["key"])) for c in r["columns"] or ())
-        trunc = r["truncated_at"]
-        infos.append(TableInfo(
-            r["schema"], r["table"], columns, int(r["rows"]),
-            None if trunc is None else (int(trunc["commit_lsn"]), int(trunc["seq"])),
-            tuple(r["toast"] or ()), bool(r["moved_toast"])))
+        F.max_by("columns", F.struct("commit_lsn", "seq")).alias("columns"),
+        F.count(F.lit(1)).alias("rows")).collect()
+    infos = [TableInfo(r["schema"], r["table"], _columns(r["columns"]), int(r["rows"]))
+             for r in rows]
     return sorted(infos, key=lambda i: (i.schema, i.table))
+
+
+def rows_info(schema: str, table: str, rows: Sequence[dict[str, Any]]) -> TableInfo:
+    """What ``table_infos`` says of a table, from its change rows of a batch (collected, in
+    ``(commit_lsn, seq)`` order)."""
+    return TableInfo(schema, table, _columns(rows[-1]["columns"]) if rows else (), len(rows))
 
 
 def _from_text(text: Any, dtype: Any, *, hex_prefix: bool = True) -> Any:

@@ -1,0 +1,188 @@
+"""``DeltaTableWriter(path)``: each table's current state as a Delta Lake table at
+``path/<schema>/<table>`` (``state_path``), written with the ``deltalake`` package (delta-rs,
+no JVM jars), readable by Spark with Delta, deltalake, DuckDB and polars.
+
+Per batch and table, one Delta commit applies the batch's net changes (netchange.py, the same
+as ``TableStateWriter``'s):
+
+- usually a MERGE on the key (the replica identity; every column for tables without one): the
+  rows the batch put are updated or inserted, the keys it took away deleted, the other rows
+  not rewritten beyond the files that hold touched keys; unchanged TOAST values come from the
+  target's rows where their chain of key changes began (read by key before the merge);
+- after a TRUNCATE in the batch, an overwrite with the rows put after it;
+- when the table's description changed (ALTER TABLE; schemas.py: renamed columns keep their
+  values, added ones are NULL in older rows, dropped ones go, retyped ones are cast or
+  refused), an overwrite of data and schema, which reads the whole table into Spark.
+
+Each commit records the batch id as the table's application transaction version (Delta's
+``txn`` action, app id ``pgdecode`` unless told otherwise): a table whose version is the batch
+id or later has the batch already, so a batch delivered again after a crash applies only to
+the tables it had not reached. Each commit also records the PostgreSQL description of the
+columns (commit info ``pgdecode.description``), so that the next batch knows what changed.
+Columns: the table's, in ``split_tables``' types, then ``_commit_lsn`` and ``_lsn`` of the
+change that wrote the row. Small files accumulate, one set per batch: compact them now and
+then (``DeltaTable(path).optimize.compact()``, then ``vacuum``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from plugin_framework.spark.netchange import net_changes
+from plugin_framework.spark.schemas import Description, describe_rows
+from plugin_framework.spark.sinks import (
+    TableSink,
+    fill_from,
+    key_names,
+    merge_state,
+    net_frame,
+    state_path,
+)
+from plugin_framework.spark.tables import TableInfo, column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["APP_ID", "DeltaTableWriter", "read_delta"]
+
+APP_ID = "pgdecode"
+_DESCRIPTION = "pgdecode.description"
+_DELETED = "_pgdecode_deleted"
+
+
+def read_delta(path: str, table: str, storage_options: dict[str, str] | None = None) -> Any:
+    """The state of ``schema.table`` that ``DeltaTableWriter(path)`` keeps, as a
+    ``deltalake.DeltaTable``."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(state_path(path, table), storage_options=storage_options)
+
+
+class DeltaTableWriter(TableSink):
+    """``fn(batch_df, batch_id)`` maintaining each table's current state as a Delta table."""
+
+    def __init__(self, path: str, tables: Sequence[str] | None = None,
+                 on_table: Callable[[str, int], None] | None = None, *, app_id: str = APP_ID,
+                 storage_options: dict[str, str] | None = None) -> None:
+        """``app_id``: the Delta application id the batch ids are recorded under (one per
+        stream writing the tables); ``storage_options``: deltalake's, for object stores."""
+        try:
+            import deltalake  # noqa: F401
+        except ImportError:
+            raise ImportError("DeltaTableWriter needs the deltalake package: "
+                              "pip install 'pgdecode[delta]'") from None
+        super().__init__(path, tables, on_table)
+        self.app_id = app_id
+        self.storage_options = storage_options
+
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        target = state_path(self.path, info.qualified_name)
+        table = self._open(target)
+        if table is not None:
+            done = table.transaction_version(self.app_id)
+            if done is not None and done >= batch_id:
+                return  # applied already
+        stored = None if table is None else _stored_description(table)
+        description, renamed = describe_rows(info.qualified_name, rows, stored)
+        net = net_changes(rows, key_names(info))
+        commit = CommitProperties(
+            app_transactions=[Transaction(self.app_id, batch_id)],
+            custom_metadata={_DESCRIPTION: orjson.dumps(description).decode()})
+        if table is None or net.truncated or (stored is not None and stored != description):
+            existing = None
+            if table is not None and not net.truncated:
+                existing = spark.createDataFrame(table.to_pyarrow_table())
+            state = merge_state(spark, net, info, existing, renamed)
+            write_deltalake(target, _utc(state.toArrow()), mode="overwrite",
+                            schema_mode="overwrite", commit_properties=commit,
+                            storage_options=self.storage_options)
+            return
+        changes = net_frame(spark, net, info)
+        if net.fills:
+            changes = fill_from(changes, net, info, _rows_under(spark, table, changes, info))
+        names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
+        source = _utc(changes.select(*[column(n) for n in names],
+                                     column("_deleted").alias(_DELETED)).toArrow())
+        sets = {_quote(n): f"s.{_quote(n)}" for n in names}
+        on = " AND ".join(f"(t.{_quote(k)} IS NOT DISTINCT FROM s.{_quote(k)})"
+                          for k in key_names(info))
+        (table.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
+         .when_matched_delete(f"s.{_DELETED}")
+         .when_matched_update(sets, predicate=f"NOT s.{_DELETED}")
+         .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
+         .execute())
+
+    def _open(self, target: str) -> Any | None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(target, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
+
+def _quote(name: str) -> str:
+    """A column name as an SQL identifier of delta-rs's expressions (DataFusion)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _stored_description(table: Any) -> Description | None:
+    """The description the table's newest pgdecode commit recorded (other writers' commits,
+    such as OPTIMIZE, record none)."""
+    for limit in (1, 50, None):
+        for commit in table.history(limit):
+            text = commit.get(_DESCRIPTION)
+            if text is not None:
+                return tuple((str(n), str(t)) for n, t in orjson.loads(text))
+    return None
+
+
+def _rows_under(spark: Any, table: Any, changes: Any, info: TableInfo) -> Any:
+    """The target's rows under the keys that rows to fill (``_fill``) began their chain
+    with (``_o_<key>``), as a Spark DataFrame: read with a filter on the first key column
+    (the exact match is fill_from's join)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from pyspark.sql import functions as F
+
+    first = key_names(info)[0]
+    origins = changes.filter(F.size("_fill") > 0).select(column(f"_o_{first}")).toArrow()
+    dataset = table.to_pyarrow_dataset()
+    wanted = _utc_array(origins.column(0).combine_chunks())
+    values = pc.unique(wanted.drop_null()).cast(dataset.schema.field(first).type)
+    where = ds.field(first).isin(values)
+    if wanted.null_count:
+        where = where | ds.field(first).is_null()
+    return spark.createDataFrame(dataset.to_table(filter=where))
+
+
+def _utc_type(dtype: pa.DataType) -> pa.DataType:
+    """Timestamps with a time zone as UTC (Delta's), in lists too."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(dtype) and dtype.tz is not None:
+        return pa.timestamp(dtype.unit, "UTC")
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        inner = _utc_type(dtype.value_type)
+        if inner != dtype.value_type:
+            return pa.large_list(inner) if pa.types.is_large_list(dtype) else pa.list_(inner)
+    return dtype
+
+
+def _utc_array(values: pa.Array) -> pa.Array:
+    target = _utc_type(values.type)
+    return values if target == values.type else values.cast(target)
+
+
+def _utc(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
+    schema = pa.schema([f.with_type(_utc_type(f.type)) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
