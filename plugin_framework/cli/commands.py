@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ import psycopg
 
 from plugin_framework.app import (
     Assembly,
+    EmitterChoice,
     UsageError,
     build_pipeline,
     cannot_open,
@@ -159,6 +160,47 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mirror(args: argparse.Namespace) -> int:
+    """``stream`` through the spark emitter, configured to keep the tables' state at --to."""
+    if args.format == "delta":
+        try:
+            import deltalake  # noqa: F401
+        except ImportError:
+            raise UsageError("--format delta needs the deltalake package: "
+                             "pip install 'pgdecode[delta]'") from None
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        if "://" in args.to and not args.to.startswith("file://"):
+            raise UsageError("--to is not a local directory: give the batch log a local "
+                             "directory with --checkpoint DIR (keep it with the slot)")
+        checkpoint = os.path.join(args.to.removeprefix("file://"), "_pgdecode_checkpoint")
+    args.emitter, args.file_out, args.emitter_allowlist = ["spark"], "-", None
+    args.option = mirror_options(args.to, args.format, checkpoint, master=args.master,
+                                 spark_conf=args.spark_conf or (), max_rows=args.max_rows,
+                                 max_delay=args.max_delay)
+    if args.create_slot:
+        args.two_phase = True  # prepared transactions are delivered at COMMIT PREPARED
+    # a batch waiting on --max-delay goes out at a status update at the latest
+    args.status_interval = min(args.status_interval, args.max_delay)
+    return cmd_stream(args)
+
+
+def mirror_options(to: str, fmt: str, checkpoint: str, *, master: str,
+                   spark_conf: Sequence[str] = (), max_rows: int = 10000,
+                   max_delay: float = 5.0) -> list[str]:
+    """The spark emitter's -o options of a mirror."""
+    for item in spark_conf:
+        if "=" not in item or "," in item:
+            raise UsageError(f"--spark-conf takes KEY=VALUE (one setting, no comma), not "
+                             f"{item!r}")
+    options = [f"checkpoint={checkpoint}", f"{'delta' if fmt == 'delta' else 'state'}-path={to}",
+               f"master={master}", f"max-rows={max_rows}", f"max-delay={max_delay}",
+               "app-name=pgdecode-mirror"]
+    if spark_conf:
+        options.append("spark-conf=" + ",".join(spark_conf))
+    return options
+
+
 def cmd_capture(args: argparse.Namespace) -> int:
     setup_logging(args)
     if args.file_out == "-":
@@ -277,10 +319,41 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(args)
+    if args.spark:
+        return demo_spark(args)
     check_emitters(args)  # before a server is started and the workload run
     files = args.output_files = []
     return int(run_demo(emitter_choice(args), memory_limit=memory_limit(args),
                         output_files=files))
+
+
+def demo_spark(args: argparse.Namespace) -> int:
+    """The tour mirrored into Parquet by Spark (as ``pgdecode mirror`` does), then each
+    table's mirror shown."""
+    import tempfile
+
+    if args.emitter or args.option:
+        raise UsageError("--spark chooses the emitter itself (spark, as pgdecode mirror): "
+                         "leave out --emitter and -o")
+    with tempfile.TemporaryDirectory(prefix="pgdecode-demo-") as work:
+        to = os.path.join(work, "lake")
+        options = mirror_options(to, "parquet", os.path.join(work, "checkpoint"),
+                                 master="local[2]",
+                                 spark_conf=["spark.ui.enabled=false",
+                                             "spark.ui.showConsoleProgress=false"],
+                                 max_delay=1.0)
+        status = run_demo(EmitterChoice(["spark"], options, "-", None, "spark"),
+                          memory_limit=memory_limit(args))
+        from pyspark.sql import SparkSession
+
+        from plugin_framework.spark import read_state
+
+        spark = SparkSession.builder.getOrCreate()
+        for table in sorted(os.listdir(os.path.join(to, "public"))):
+            print(f"public.{table}, as mirrored in {to}/public/{table}:")
+            read_state(spark, to, f"public.{table}").orderBy("id").show(truncate=40)
+        spark.stop()
+    return int(status)
 
 
 def check_emitters(args: argparse.Namespace) -> None:
@@ -323,7 +396,6 @@ def check_emitters(args: argparse.Namespace) -> None:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "stream": cmd_stream, "capture": cmd_capture, "slot": cmd_slot, "emitters": cmd_emitters,
-    "snapshot": cmd_snapshot,
-    "replay": cmd_replay, "demo": cmd_demo,
+    "stream": cmd_stream, "mirror": cmd_mirror, "capture": cmd_capture, "slot": cmd_slot,
+    "emitters": cmd_emitters, "snapshot": cmd_snapshot, "replay": cmd_replay, "demo": cmd_demo,
 }

@@ -37,6 +37,16 @@ def positive_megabytes(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgdecode",
@@ -98,18 +108,48 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-format", choices=("text", "json"), default="text")
         p.add_argument("-v", "--verbose", action="store_true")
 
+    def snapshot_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--snapshot", choices=("initial", "only"),
+                       help="with --create-slot: first copy the published tables' rows as of "
+                            "the new slot (initial), then stream; or only copy them (only)")
+        p.add_argument("--snapshot-workers", type=int, default=2, metavar="N",
+                       help="connections copying tables in parallel (default 2)")
+        p.add_argument("--snapshot-table", action="append", metavar="SCHEMA.TABLE",
+                       help="copy a published table's rows into the running stream, chunk by "
+                            "chunk (an incremental snapshot; repeatable)")
+
     p = sub.add_parser("stream", help="stream a slot through emitters")
     connection_args(p)
     source_args(p)
-    p.add_argument("--snapshot", choices=("initial", "only"),
-                   help="with --create-slot: first copy the published tables' rows as of "
-                        "the new slot (initial), then stream; or only copy them (only)")
-    p.add_argument("--snapshot-workers", type=int, default=2, metavar="N",
-                   help="connections copying tables in parallel (default 2)")
-    p.add_argument("--snapshot-table", action="append", metavar="SCHEMA.TABLE",
-                   help="copy a published table's rows into the running stream, chunk by "
-                        "chunk (an incremental snapshot; repeatable)")
+    snapshot_args(p)
     emitter_args(p, "json")
+    add_cli_arguments(p)
+
+    p = sub.add_parser("mirror", help="keep the published tables' current state in Parquet or "
+                                      "Delta Lake, through Spark")
+    connection_args(p)
+    source_args(p)
+    snapshot_args(p)
+    p.add_argument("--to", required=True, metavar="DIR",
+                   help="where the tables go (DIR/SCHEMA/TABLE): a path or URI Spark writes "
+                        "to (Parquet), or that deltalake writes to (Delta)")
+    p.add_argument("--format", choices=("parquet", "delta"), default="parquet",
+                   help="parquet (default; each batch rewrites the tables it touches) or delta "
+                        "(each batch merged; needs pgdecode[delta])")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="local directory of the batch log, kept with the slot (default "
+                        "DIR/_pgdecode_checkpoint when --to is local)")
+    p.add_argument("--master", default="local[*]",
+                   help="Spark master URL (default local[*]); under spark-submit, its own")
+    p.add_argument("--spark-conf", action="append", metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable)")
+    p.add_argument("--max-rows", type=positive_int, default=10000, metavar="N",
+                   help="changes that close a micro-batch (default 10000)")
+    p.add_argument("--max-delay", type=positive_seconds, default=5.0, metavar="SECONDS",
+                   help="seconds after which a micro-batch goes out (default 5)")
+    p.add_argument("--memory-limit", type=positive_megabytes, metavar="MB",
+                   help="memory for reassembling transactions before spilling to disk "
+                        "(default 64)")
     add_cli_arguments(p)
 
     p = sub.add_parser("snapshot", help="ask a running stream for an incremental snapshot")
@@ -146,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a tour on a throwaway embedded PostgreSQL 18")
     emitter_args(p, "json")
+    p.add_argument("--spark", action="store_true",
+                   help="mirror the tour's tables through Spark (pgdecode mirror) and show "
+                        "them")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true")
     return parser
