@@ -15,6 +15,8 @@ Options:
 - ``state-path=PATH``: maintain each table's current state as Parquet (``TableStateWriter``);
 - ``delta-path=PATH``: maintain each table's current state as Delta Lake tables
   (``DeltaTableWriter``; needs the ``delta`` extra);
+- ``history-path=PATH``: keep each table's history, one row per version, as Delta Lake
+  tables (``HistoryWriter``; needs the ``delta`` extra);
 - ``max-rows`` (10000), ``max-bytes`` (64 MB), ``max-delay`` (seconds, 5): a batch goes
   out when it reaches any of them (a transaction is never split); with ``max-delay``, use
   a ``--status-interval`` no longer than it, as the delay is checked at status updates too;
@@ -42,6 +44,7 @@ from plugin_framework.spark import (
     ChangeLogWriter,
     DeltaTableWriter,
     ForeachBatchPlugin,
+    HistoryWriter,
     TableStateWriter,
 )
 
@@ -86,6 +89,7 @@ OPTIONS = [
     Option("changelog-path", None, _text, "append the change log to Parquet here"),
     Option("state-path", None, _text, "maintain the tables' current state as Parquet here"),
     Option("delta-path", None, _text, "maintain the tables' current state as Delta tables here"),
+    Option("history-path", None, _text, "keep the tables' history as Delta tables here"),
     Option("max-rows", DEFAULT_MAX_ROWS, _positive_int, "rows that close a batch"),
     Option("max-bytes", DEFAULT_MAX_BYTES, _positive_int, "bytes (estimated) that close a batch"),
     Option("max-delay", DEFAULT_MAX_DELAY, _seconds, "seconds after which a batch goes out"),
@@ -141,6 +145,8 @@ class SparkEmitter(ForeachBatchPlugin):
             sinks.append(TableStateWriter(opts["state-path"]))
         if opts["delta-path"] is not None:
             sinks.append(DeltaTableWriter(opts["delta-path"]))
+        if opts["history-path"] is not None:
+            sinks.append(HistoryWriter(opts["history-path"]))
         self.sinks = sinks + self.sinks
         if self.spark is None:
             # Spark's Python workers must run this interpreter (and find pgdecode)

@@ -2,7 +2,8 @@
 snapshot of tables that hold rows already, changes made while the copy runs (updates that
 leave TOAST values unchanged, key changes, deletes, a prepared transaction, a REPLICA
 IDENTITY FULL table), a stop with SIGTERM, more changes, a restart up to an end position.
-The Delta tables then equal ``SELECT *``, read with deltalake (no Spark). ``pgdecode demo
+The Delta tables then equal ``SELECT *``, read with deltalake (no Spark), and so do the
+current versions of the history (``--history``). ``pgdecode demo
 --spark`` shows its mirrored tables."""
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import ACCOUNT_ROWS, LEDGER_ROWS, SCHEMA, assert_state_equals_tables
+from spark_fixtures import (
+    ACCOUNT_ROWS,
+    LEDGER_ROWS,
+    SCHEMA,
+    TABLES,
+    _norm,
+    assert_state_equals_tables,
+    table_columns,
+    table_rows,
+)
 from streamkit import cli_env, run_cli, start_cli, stop_process, wait_for
+
+from plugin_framework.spark import read_delta
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +46,7 @@ def test_mirror_copies_then_follows_the_tables_into_delta(db: Any, tmp_path: Pat
         conn.execute("INSERT INTO fulltab SELECT g, 'b' || g FROM generate_series(1, 50) g")
     lake, slot = tmp_path / "lake", "mirror_slot"
     common = ["mirror", "-d", db.conninfo, "-S", slot, "--publication", "spark_pub",
-              "--to", str(lake), "--format", "delta", "--max-delay", "1", "--master",
+              "--to", str(lake), "--format", "delta", "--history", "--max-delay", "1", "--master",
               "local[1]", "--spark-conf", "spark.ui.enabled=false"]
     log = tmp_path / "mirror.log"
     proc = start_cli([*common, "--create-slot", "--snapshot", "initial"], stderr_path=log,
@@ -71,6 +83,15 @@ def test_mirror_copies_then_follows_the_tables_into_delta(db: Any, tmp_path: Pat
     result = run_cli([*common, "-E", end], env=cli_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_state_equals_tables(None, db, str(lake), delta=True)
+    # --history: its current versions are the tables too; the snapshot's rows are versions
+    history = {t: read_delta(str(lake / "_history"), t).to_pyarrow_table().to_pylist()
+               for t in TABLES}
+    for table, versions in history.items():
+        columns = table_columns(db, table)
+        current = [tuple(_norm(v[c]) for c in columns) for v in versions if v["_is_current"]]
+        assert sorted(current, key=repr) == sorted(table_rows(db, table), key=repr), table
+    ops = {v["_op"] for v in history["public.accounts"]}
+    assert ops == {"SNAPSHOT", "UPDATE", "INSERT"}, ops
 
 
 def test_mirror_refuses_a_remote_target_without_a_checkpoint() -> None:

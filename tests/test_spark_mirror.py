@@ -9,15 +9,24 @@ the commit LSN of the change that wrote it."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import delta_rows, spark_session, state_rows, table_rows  # noqa: F401
+from spark_fixtures import (  # noqa: F401
+    _norm,
+    delta_rows,
+    spark_session,
+    state_rows,
+    table_columns,
+    table_rows,
+)
 
 from plugin_framework.spark import (
     DeltaTableWriter,
     ForeachBatchStream,
+    HistoryWriter,
     TableStateWriter,
     change_feed,
     read_delta,
@@ -42,8 +51,10 @@ def big(r: random.Random) -> str:
     return "".join(r.choice("abcdef0123456789") for _ in range(16)) * 400  # 6.4 kB, TOASTed
 
 
-def run_workload(conn: Any, seed: int, transactions: int) -> None:
-    """Random small transactions, each of a few statements, on keys 1-30 of m_pk."""
+def run_workload(conn: Any, seed: int, transactions: int,
+                 record: Callable[[], None] = lambda: None) -> None:
+    """Random small transactions, each of a few statements, on keys 1-30 of m_pk;
+    ``record()`` after each."""
     r = random.Random(seed)
     ex = conn.execute
     ex("INSERT INTO m_pk SELECT g, g, %s, 'n' || g FROM generate_series(1, 20) g", (big(r),))
@@ -80,6 +91,7 @@ def run_workload(conn: Any, seed: int, transactions: int) -> None:
                     ex("INSERT INTO m_full VALUES (%s, 'n', %s)", (k % 6, big(r)))
         if r.random() < 0.02:
             ex("TRUNCATE m_full")
+        record()
     # The table's description changes: each column keeps its data (or goes)
     for statement in (
             "ALTER TABLE m_pk RENAME COLUMN note TO remark",
@@ -115,6 +127,32 @@ def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> N
         assert all(lsn is not None and lsn > 0 for lsn in lsns), f"{table}: no commit LSN"
 
 
+def assert_history(db: Any, path: str, points: list[tuple[int, set[Any], set[Any]]]) -> None:
+    """The history's current versions are the tables; as of the end of each recorded
+    transaction, its versions are the tables as they were then."""
+    versions = {t: read_delta(path, t).to_pyarrow_table().to_pylist() for t in TABLES}
+    pk, full = ["id", "v", "big", "remark"], ["a", "b", "big"]
+
+    def as_of(table: str, columns: list[str], lsn: int | None) -> list[tuple[Any, ...]]:
+        return [tuple(_norm(v[c]) for c in columns) for v in versions[table]
+                if (v["_is_current"] if lsn is None else v["_valid_from_lsn"] <= lsn and (
+                    v["_valid_to_lsn"] is None or v["_valid_to_lsn"] > lsn))]
+
+    for table in TABLES:
+        for v in versions[table]:
+            assert v["_op"] in ("INSERT", "UPDATE", "SNAPSHOT"), v["_op"]
+            assert (v["_valid_to_lsn"] is None) == v["_is_current"] == (v["_valid_to"] is None)
+            assert v["_valid_to_lsn"] is None or v["_valid_to_lsn"] > v["_valid_from_lsn"]
+        current = as_of(table, table_columns(db, table), None)
+        expected = table_rows(db, table)
+        assert set(current) == expected and (table == "public.m_full" or
+                                             len(current) == len(expected)), table
+    assert len(points) > 50
+    for lsn, m_pk, m_full in points:
+        assert set(as_of("public.m_pk", pk, lsn)) == {r[:4] for r in m_pk}, lsn
+        assert set(as_of("public.m_full", full, lsn)) == m_full, lsn
+
+
 def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
                                                      tmp_path: Path) -> None:
     with db.connect(autocommit=True) as conn:
@@ -122,8 +160,17 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
     sizes = (1, 7, 10_000)
     for size in sizes:
         db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"m{size}",))
+    # the tables after each transaction, for the history's "as of" (m_pk's note is renamed
+    # remark later: the history keeps the values under the new name)
+    points: list[tuple[int, set[Any], set[Any]]] = []
+
+    def record() -> None:
+        lsn = db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]
+        points.append((int(lsn), table_rows(db, "public.m_pk"), table_rows(db, "public.m_full")))
+
     with db.connect(autocommit=True) as conn:
-        run_workload(conn, seed=16, transactions=60 if db.major_version < 18 else 70)
+        run_workload(conn, seed=16, transactions=60 if db.major_version < 18 else 70,
+                     record=record)
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     db.execute("SELECT pg_switch_wal()")
     old_keys: list[tuple[Any, Any]] = []  # (the old row's id, split_tables' _old_id)
@@ -136,7 +183,7 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
             old_keys.append((int(raw[r["_commit_lsn"], r["_seq"]]["id"]), r["_old_id"]))
         feed.extend(change_feed(df)["public.m_pk"].collect())
 
-    delta = str(tmp_path / "delta")
+    delta, history = str(tmp_path / "delta"), str(tmp_path / "history")
     for size in sizes:
         state = str(tmp_path / f"state{size}")
         writer = TableStateWriter(state)
@@ -146,8 +193,9 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
             if size == sizes[-1]:
                 split(df, batch_id)
             if size == sizes[1]:  # Delta; each batch twice, as after a crash
-                DeltaTableWriter(delta)(df, batch_id)
-                DeltaTableWriter(delta)(df, batch_id)
+                for _ in range(2):
+                    DeltaTableWriter(delta)(df, batch_id)
+                    HistoryWriter(history)(df, batch_id)
 
         ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=f"m{size}",
                            publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
@@ -155,6 +203,7 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
         assert_mirrored(spark, db, state)
         if size == sizes[1]:
             assert_mirrored(spark, db, delta, delta=True)
+            assert_history(db, history, points)
     # split_tables gives the old key of key changes and deletes (what a MERGE deletes)
     assert len(old_keys) > 10 and all(a == b for a, b in old_keys), old_keys[:5]
     # change_feed: a preimage before each postimage; replayed by key, it gives the table

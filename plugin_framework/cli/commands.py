@@ -162,12 +162,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def cmd_mirror(args: argparse.Namespace) -> int:
     """``stream`` through the spark emitter, configured to keep the tables' state at --to."""
-    if args.format == "delta":
+    if args.format == "delta" or args.history:
         try:
             import deltalake  # noqa: F401
         except ImportError:
-            raise UsageError("--format delta needs the deltalake package: "
-                             "pip install 'pgdecode[delta]'") from None
+            raise UsageError(f"{'--history' if args.history else '--format delta'} needs the "
+                             "deltalake package: pip install 'pgdecode[delta]'") from None
     checkpoint = args.checkpoint
     if checkpoint is None:
         if "://" in args.to and not args.to.startswith("file://"):
@@ -178,6 +178,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     args.option = mirror_options(args.to, args.format, checkpoint, master=args.master,
                                  spark_conf=args.spark_conf or (), max_rows=args.max_rows,
                                  max_delay=args.max_delay)
+    if args.history:
+        args.option.append(f"history-path={args.to.rstrip('/')}/_history")
     if args.create_slot:
         args.two_phase = True  # prepared transactions are delivered at COMMIT PREPARED
     # a batch waiting on --max-delay goes out at a status update at the latest

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("parquet", "delta"), default="parquet",
                    help="parquet (default; each batch rewrites the tables it touches) or delta "
                         "(each batch merged; needs pgdecode[delta])")
+    p.add_argument("--history", action="store_true",
+                   help="also keep every version of every row, as Delta tables at "
+                        "DIR/_history/SCHEMA/TABLE (needs pgdecode[delta])")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="local directory of the batch log, kept with the slot (default "
                         "DIR/_pgdecode_checkpoint when --to is local)")

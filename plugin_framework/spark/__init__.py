@@ -8,8 +8,9 @@
 
 Helpers: ``split_tables`` (typed per-table DataFrames), ``change_feed`` (the same in
 Spark's change-feed shape), ``ChangeLogWriter`` and
-``TableStateWriter`` (Parquet) and ``DeltaTableWriter`` (Delta Lake, with the ``delta``
-extra) (ready-made idempotent foreachBatch functions), ``read_state``, ``read_delta``.
+``TableStateWriter`` (Parquet), ``DeltaTableWriter`` and ``HistoryWriter`` (Delta Lake, with
+the ``delta`` extra): ready-made idempotent foreachBatch functions; ``read_state``,
+``read_delta``.
 PySpark is imported only when something needs it.
 """
 
@@ -29,16 +30,18 @@ from plugin_framework.spark.changefeed import change_feed
 from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+from plugin_framework.spark.history import HistoryWriter
 from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter, read_state, state_path
 from plugin_framework.spark.stream import ForeachBatchStream
 from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
 
 __all__ = [
-    "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS", "BatchFunction",
-    "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError", "DeltaTableWriter",
-    "ForeachBatchPlugin", "ForeachBatchStream", "MicroBatchOutput", "PgoutputDataSource",
-    "TableInfo", "TableStateWriter", "arrow_schema", "change_feed", "change_schema", "lsn_text",
-    "read_delta", "read_state", "spark_type", "split_tables", "state_path", "table_infos",
+    "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS",
+    "BatchFunction", "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
+    "DeltaTableWriter", "ForeachBatchPlugin", "ForeachBatchStream", "HistoryWriter",
+    "MicroBatchOutput", "PgoutputDataSource", "TableInfo", "TableStateWriter", "arrow_schema",
+    "change_feed", "change_schema", "lsn_text", "read_delta", "read_state", "spark_type",
+    "split_tables", "state_path", "table_infos",
 ]
 
 

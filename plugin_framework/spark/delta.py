@@ -27,6 +27,7 @@ then (``DeltaTable(path).optimize.compact()``, then ``vacuum``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -46,7 +47,8 @@ from plugin_framework.spark.tables import TableInfo, column
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["APP_ID", "DeltaTableWriter", "read_delta"]
+__all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "keys_match", "quote",
+           "read_delta", "rows_under", "utc_table"]
 
 APP_ID = "pgdecode"
 _DESCRIPTION = "pgdecode.description"
@@ -61,8 +63,20 @@ def read_delta(path: str, table: str, storage_options: dict[str, str] | None = N
     return DeltaTable(state_path(path, table), storage_options=storage_options)
 
 
-class DeltaTableWriter(TableSink):
-    """``fn(batch_df, batch_id)`` maintaining each table's current state as a Delta table."""
+@dataclass
+class Pending:
+    """A batch's changes of one table, ready for a Delta commit."""
+
+    target: str  # the table's path
+    table: Any | None  # its DeltaTable (None: not written yet)
+    stored: Description | None  # the description its newest commit recorded
+    renamed: dict[str, str | None] | None  # stored column names -> the batch's (schemas.py)
+    commit: Any  # CommitProperties: the batch id and the description
+    redescribed: bool  # the description changed since the last commit (ALTER TABLE)
+
+
+class DeltaSink(TableSink):
+    """The frame of the sinks that keep Delta tables at ``path/<schema>/<table>``."""
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *, app_id: str = APP_ID,
@@ -72,51 +86,39 @@ class DeltaTableWriter(TableSink):
         try:
             import deltalake  # noqa: F401
         except ImportError:
-            raise ImportError("DeltaTableWriter needs the deltalake package: "
+            raise ImportError(f"{type(self).__name__} needs the deltalake package: "
                               "pip install 'pgdecode[delta]'") from None
         super().__init__(path, tables, on_table)
         self.app_id = app_id
         self.storage_options = storage_options
 
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
-        from deltalake import CommitProperties, Transaction, write_deltalake
+    def pending(self, rows: list[dict[str, Any]], info: TableInfo,
+                batch_id: int) -> Pending | None:
+        """The table's Delta state before the batch (None: it has the batch already); the
+        rows renamed to the batch's newest description."""
+        from deltalake import CommitProperties, Transaction
 
         target = state_path(self.path, info.qualified_name)
         table = self._open(target)
         if table is not None:
             done = table.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
-                return  # applied already
+                return None
         stored = None if table is None else _stored_description(table)
         description, renamed = describe_rows(info.qualified_name, rows, stored)
-        net = net_changes(rows, key_names(info))
         commit = CommitProperties(
             app_transactions=[Transaction(self.app_id, batch_id)],
             custom_metadata={_DESCRIPTION: orjson.dumps(description).decode()})
-        if table is None or net.truncated or (stored is not None and stored != description):
-            existing = None
-            if table is not None and not net.truncated:
-                existing = spark.createDataFrame(table.to_pyarrow_table())
-            state = merge_state(spark, net, info, existing, renamed)
-            write_deltalake(target, _utc(state.toArrow()), mode="overwrite",
-                            schema_mode="overwrite", commit_properties=commit,
-                            storage_options=self.storage_options)
-            return
-        changes = net_frame(spark, net, info)
-        if net.fills:
-            changes = fill_from(changes, net, info, _rows_under(spark, table, changes, info))
-        names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
-        source = _utc(changes.select(*[column(n) for n in names],
-                                     column("_deleted").alias(_DELETED)).toArrow())
-        sets = {_quote(n): f"s.{_quote(n)}" for n in names}
-        on = " AND ".join(f"(t.{_quote(k)} IS NOT DISTINCT FROM s.{_quote(k)})"
-                          for k in key_names(info))
-        (table.merge(source, on, source_alias="s", target_alias="t", commit_properties=commit)
-         .when_matched_delete(f"s.{_DELETED}")
-         .when_matched_update(sets, predicate=f"NOT s.{_DELETED}")
-         .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
-         .execute())
+        return Pending(target, table, stored, renamed, commit,
+                       stored is not None and stored != description)
+
+    def overwrite(self, pending: Pending, df: Any) -> None:
+        """Replace the table's data and schema with ``df``, in one commit."""
+        from deltalake import write_deltalake
+
+        write_deltalake(pending.target, utc_table(df.toArrow()), mode="overwrite",
+                        schema_mode="overwrite", commit_properties=pending.commit,
+                        storage_options=self.storage_options)
 
     def _open(self, target: str) -> Any | None:
         from deltalake import DeltaTable
@@ -128,7 +130,45 @@ class DeltaTableWriter(TableSink):
             return None
 
 
-def _quote(name: str) -> str:
+class DeltaTableWriter(DeltaSink):
+    """``fn(batch_df, batch_id)`` maintaining each table's current state as a Delta table."""
+
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        pending = self.pending(rows, info, batch_id)
+        if pending is None:
+            return  # applied already
+        net = net_changes(rows, key_names(info))
+        table = pending.table
+        if table is None or net.truncated or pending.redescribed:
+            existing = None
+            if table is not None and not net.truncated:
+                existing = spark.createDataFrame(table.to_pyarrow_table())
+            self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
+            return
+        changes = net_frame(spark, net, info)
+        if net.fills:
+            changes = fill_from(changes, net.fills, info,
+                                rows_under(spark, table, changes, info))
+        names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
+        source = utc_table(changes.select(*[column(n) for n in names],
+                                     column("_deleted").alias(_DELETED)).toArrow())
+        sets = {quote(n): f"s.{quote(n)}" for n in names}
+        (table.merge(source, keys_match(info), source_alias="s", target_alias="t",
+                     commit_properties=pending.commit)
+         .when_matched_delete(f"s.{_DELETED}")
+         .when_matched_update(sets, predicate=f"NOT s.{_DELETED}")
+         .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
+         .execute())
+
+
+def keys_match(info: TableInfo) -> str:
+    """The MERGE condition of target ``t`` and source ``s`` rows on the table's key."""
+    return " AND ".join(f"(t.{quote(k)} IS NOT DISTINCT FROM s.{quote(k)})"
+                        for k in key_names(info))
+
+
+def quote(name: str) -> str:
     """A column name as an SQL identifier of delta-rs's expressions (DataFusion)."""
     return '"' + name.replace('"', '""') + '"'
 
@@ -144,10 +184,11 @@ def _stored_description(table: Any) -> Description | None:
     return None
 
 
-def _rows_under(spark: Any, table: Any, changes: Any, info: TableInfo) -> Any:
+def rows_under(spark: Any, table: Any, changes: Any, info: TableInfo, *,
+               current: bool = False) -> Any:
     """The target's rows under the keys that rows to fill (``_fill``) began their chain
     with (``_o_<key>``), as a Spark DataFrame: read with a filter on the first key column
-    (the exact match is fill_from's join)."""
+    (the exact match is fill_from's join); ``current``: only rows ``_is_current``."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
     from pyspark.sql import functions as F
@@ -160,6 +201,8 @@ def _rows_under(spark: Any, table: Any, changes: Any, info: TableInfo) -> Any:
     where = ds.field(first).isin(values)
     if wanted.null_count:
         where = where | ds.field(first).is_null()
+    if current:  # a history: the current versions
+        where = where & ds.field("_is_current")
     return spark.createDataFrame(dataset.to_table(filter=where))
 
 
@@ -181,7 +224,7 @@ def _utc_array(values: pa.Array) -> pa.Array:
     return values if target == values.type else values.cast(target)
 
 
-def _utc(table: pa.Table) -> pa.Table:
+def utc_table(table: pa.Table) -> pa.Table:
     import pyarrow as pa
 
     schema = pa.schema([f.with_type(_utc_type(f.type)) for f in table.schema])

@@ -38,27 +38,28 @@ if TYPE_CHECKING:
 __all__ = ["NET_COLUMNS", "NetChanges", "net_changes"]
 
 # What net_changes needs of a batch's change rows
-NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "seq", "key", "before", "after",
-               "before_json", "after_json", "unchanged_toast", "columns")
+NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "commit_time", "seq", "key",
+               "before", "after", "before_json", "after_json", "unchanged_toast", "columns")
 
 Key = tuple[str | None, ...]
 
 
 @dataclass
-class _Put:
+class Put:
     """A row the batch put under a key."""
 
     row: dict[str, str | None]
     row_json: str | None
     commit_lsn: int
     lsn: int
+    op: str  # INSERT, UPDATE or SNAPSHOT
     fill: set[str] = field(default_factory=set)  # columns to take from the target ...
     origin: dict[str, str | None] | None = None  # ... row under this key
     origin_json: str | None = None
 
 
 @dataclass
-class _Gone:
+class Gone:
     """A key the batch took away."""
 
     row: dict[str, str | None]  # its key columns
@@ -71,7 +72,32 @@ class _Gone:
 class NetChanges:
     table: pa.Table  # one row per key the batch touched (see the module's text)
     truncated: bool  # a TRUNCATE: the target's rows go first
-    fills: bool  # some rows take columns from the target
+    fills: list[str]  # the columns some rows take from the target
+
+
+def put_columns(entries: Sequence[Put | Gone]) -> dict[str, list[Any]]:
+    """The columns of ``entries`` that say what to put (or take away) under each key."""
+    return {
+        "deleted": [isinstance(v, Gone) for v in entries],
+        "row": [list(v.row.items()) for v in entries],
+        "row_json": [v.row_json for v in entries],
+        "fill": [sorted(v.fill) if isinstance(v, Put) else [] for v in entries],
+        "origin": [list(v.origin.items()) if isinstance(v, Put) and v.origin is not None
+                   else None for v in entries],
+        "origin_json": [v.origin_json if isinstance(v, Put) else None for v in entries],
+    }
+
+
+def put_schema() -> list[tuple[str, pa.DataType]]:
+    import pyarrow as pa
+
+    text_map = pa.map_(pa.string(), pa.string())
+    return [("deleted", pa.bool_()), ("row", text_map), ("row_json", pa.string()),
+            ("fill", pa.list_(pa.string())), ("origin", text_map), ("origin_json", pa.string())]
+
+
+def fill_columns(entries: Sequence[Put | Gone]) -> list[str]:
+    return sorted({c for v in entries if isinstance(v, Put) for c in v.fill})
 
 
 def _map(value: Any) -> dict[str, str | None] | None:
@@ -83,44 +109,32 @@ def net_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]) -> N
     seq)`` order); ``key_columns``: the replica identity (every column under FULL)."""
     import pyarrow as pa
 
-    replay = _Replay(tuple(key_columns))
+    replay = Replay(tuple(key_columns))
     for change in rows:
         replay.apply(change)
     entries = list(replay.state.values())
-    out = {
-        "deleted": [isinstance(v, _Gone) for v in entries],
-        "row": [list(v.row.items()) for v in entries],
-        "row_json": [v.row_json for v in entries],
-        "commit_lsn": [v.commit_lsn for v in entries],
-        "lsn": [v.lsn for v in entries],
-        "fill": [sorted(v.fill) if isinstance(v, _Put) else [] for v in entries],
-        "origin": [list(v.origin.items()) if isinstance(v, _Put) and v.origin is not None
-                   else None for v in entries],
-        "origin_json": [v.origin_json if isinstance(v, _Put) else None for v in entries],
-    }
-    text_map = pa.map_(pa.string(), pa.string())
-    schema = pa.schema([("deleted", pa.bool_()), ("row", text_map), ("row_json", pa.string()),
-                        ("commit_lsn", pa.int64()), ("lsn", pa.int64()),
-                        ("fill", pa.list_(pa.string())), ("origin", text_map),
-                        ("origin_json", pa.string())])
-    fills = any(isinstance(v, _Put) and v.fill for v in entries)
-    return NetChanges(pa.table(out, schema=schema), replay.truncated, fills)
+    out = {**put_columns(entries), "commit_lsn": [v.commit_lsn for v in entries],
+           "lsn": [v.lsn for v in entries]}
+    schema = pa.schema([*put_schema(), ("commit_lsn", pa.int64()), ("lsn", pa.int64())])
+    return NetChanges(pa.table(out, schema=schema), replay.truncated, fill_columns(entries))
 
 
-class _Replay:
+class Replay:
     """The keys a batch touched, as its changes leave them."""
 
     def __init__(self, key_columns: tuple[str, ...]) -> None:
         self.key_columns = key_columns
-        self.state: dict[Key, _Put | _Gone] = {}
+        self.state: dict[Key, Put | Gone] = {}
         self.truncated = False
+        self.touched: list[Key] = []  # keys put, in order (history.py reads and resets it)
 
     def key_of(self, values: dict[str, str | None]) -> Key:
         return tuple(values.get(k) for k in self.key_columns)
 
-    def put(self, key: Key, entry: _Put | _Gone) -> None:
+    def put(self, key: Key, entry: Put | Gone) -> None:
         self.state.pop(key, None)  # the newest goes last (dicts keep insertion order)
         self.state[key] = entry
+        self.touched.append(key)
 
     def apply(self, change: dict[str, Any]) -> None:
         op = change["op"]
@@ -130,10 +144,10 @@ class _Replay:
             self.truncated = True
         elif op in ("INSERT", "SNAPSHOT"):
             after = _map(change["after"]) or {}
-            self.put(self.key_of(after), _Put(after, change["after_json"], commit_lsn, lsn))
+            self.put(self.key_of(after), Put(after, change["after_json"], commit_lsn, lsn, op))
         elif op == "DELETE":
             old = _map(change["key"]) or {}
-            self.put(self.key_of(old), _Gone(old, change["before_json"], commit_lsn, lsn))
+            self.put(self.key_of(old), Gone(old, change["before_json"], commit_lsn, lsn))
         elif op == "UPDATE":
             self.update(change, commit_lsn, lsn)
         else:
@@ -144,18 +158,18 @@ class _Replay:
         after = _map(change["after"]) or {}
         identity = before if before is not None else (_map(change["key"]) or after)
         old_key = self.key_of(identity)
-        put = _Put(after, change["after_json"], commit_lsn, lsn)
+        put = Put(after, change["after_json"], commit_lsn, lsn, "UPDATE")
         toast = list(change["unchanged_toast"] or ())
         if toast:
             self.fill_toast(put, toast, before, change, self.state.get(old_key), identity)
         new_key = self.key_of(after)
         if new_key != old_key:
-            self.put(old_key, _Gone(dict(zip(self.key_columns, old_key, strict=True)),
+            self.put(old_key, Gone(dict(zip(self.key_columns, old_key, strict=True)),
                                     change["before_json"], commit_lsn, lsn))
         self.put(new_key, put)
 
-    def fill_toast(self, put: _Put, toast: list[str], before: dict[str, str | None] | None,
-                   change: dict[str, Any], prev: _Put | _Gone | None,
+    def fill_toast(self, put: Put, toast: list[str], before: dict[str, str | None] | None,
+                   change: dict[str, Any], prev: Put | Gone | None,
                    identity: dict[str, str | None]) -> None:
         """The unchanged TOAST values of an update, from the old row where it has them,
         else the previous version in the batch, else (``fill``) the target."""
@@ -167,7 +181,7 @@ class _Replay:
                     put.row[c] = before[c]
                     known[c] = before_json.get(c)
         missing = [c for c in toast if c not in known]
-        if missing and isinstance(prev, _Put):
+        if missing and isinstance(prev, Put):
             prev_json = orjson.loads(prev.row_json or "{}")
             for c in missing:
                 if c in prev.fill:  # the previous version waits for it from the target too

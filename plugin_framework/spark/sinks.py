@@ -305,7 +305,7 @@ def key_names(info: TableInfo) -> list[str]:
     return list(info.key_columns) or [name for name, _, _ in info.columns]
 
 
-def _same(keys: Sequence[str], left: str, right: str) -> Any:
+def same_keys(keys: Sequence[str], left: str, right: str) -> Any:
     """The join condition of two key column sets (``<prefix><key>``), NULLs equal."""
     from functools import reduce
 
@@ -313,18 +313,18 @@ def _same(keys: Sequence[str], left: str, right: str) -> Any:
                   [column(f"{left}{k}").eqNullSafe(column(f"{right}{k}")) for k in keys])
 
 
-def fill_from(changes: Any, net: NetChanges, info: TableInfo, base: Any) -> Any:
-    """``net_frame``'s rows with their unchanged TOAST values (``_fill``) taken from
-    ``base``'s rows (the target's state, with the batch's column names) under ``_o_<key>``."""
+def fill_from(changes: Any, filled: Sequence[str], info: TableInfo, base: Any) -> Any:
+    """``net_frame``'s rows with their unchanged TOAST values (``_fill``, among ``filled``)
+    taken from ``base``'s rows (the target's state, with the batch's column names) under
+    ``_o_<key>``."""
     from pyspark.sql import functions as F
 
-    if not net.fills:
+    if not filled:
         return changes
     keys = key_names(info)
-    filled = sorted({c for row in net.table.column("fill").to_pylist() for c in row})
     source = base.select(*[column(k).alias(f"_s_{k}") for k in keys],
                          *[column(c).alias(f"_v_{c}") for c in filled])
-    out = changes.join(source, _same(keys, "_o_", "_s_"), "left")
+    out = changes.join(source, same_keys(keys, "_o_", "_s_"), "left")
     for c in filled:
         out = out.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
                              .otherwise(column(c)))
@@ -348,20 +348,31 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     if existing is None or net.truncated:
         return changes.filter(~F.col("_deleted")).select(*out)
 
-    def meta(name: str) -> Any:
-        return (F.col(name) if name in existing.columns else F.lit(None)).cast("bigint")
-
-    was = {n: n for n in names if n in existing.columns} if renamed is None else \
-        {new: old for old, new in renamed.items() if new is not None}
-    base = existing.select(
-        *[_cast_column(existing, info.qualified_name, was[n], n, changes.schema[n].dataType)
-          if n in was else F.lit(None).cast(changes.schema[n].dataType).alias(n)
-          for n in names], meta("_commit_lsn").alias("_commit_lsn"), meta("_lsn").alias("_lsn"))
+    base = conform(existing, info, renamed, changes.schema,
+                   [("_commit_lsn", "bigint"), ("_lsn", "bigint")])
     keys = key_names(info)
     touched = changes.select(*[column(k).alias(f"_t_{k}") for k in keys])
-    kept = base.join(touched, _same(keys, "", "_t_"), "left_anti")
-    puts = fill_from(changes, net, info, base).filter(~F.col("_deleted"))
+    kept = base.join(touched, same_keys(keys, "", "_t_"), "left_anti")
+    puts = fill_from(changes, net.fills, info, base).filter(~F.col("_deleted"))
     return kept.select(*out).unionByName(puts.select(*out))
+
+
+def conform(existing: Any, info: TableInfo, renamed: dict[str, str | None] | None,
+            schema: Any, meta: Sequence[tuple[str, str]]) -> Any:
+    """A target's rows under the batch's description (``info``): columns renamed
+    (``renamed``, as for merge_state), cast to their type in ``schema`` (refused if a value
+    does not cast), added ones NULL; then the ``meta`` columns (name, Spark type) as they
+    were, NULL where the target has none."""
+    from pyspark.sql import functions as F
+
+    names = [name for name, _, _ in info.columns]
+    was = {n: n for n in names if n in existing.columns} if renamed is None else \
+        {new: old for old, new in renamed.items() if new is not None}
+    return existing.select(
+        *[_cast_column(existing, info.qualified_name, was[n], n, schema[n].dataType)
+          if n in was else F.lit(None).cast(schema[n].dataType).alias(n) for n in names],
+        *[(column(m) if m in existing.columns else F.lit(None)).cast(t).alias(m)
+          for m, t in meta])
 
 
 def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> Any:

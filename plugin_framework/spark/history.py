@@ -1,0 +1,234 @@
+"""``HistoryWriter(path)``: the history of each table (a slowly changing dimension of type
+2) as a Delta Lake table at ``path/<schema>/<table>``: one row per version of a row, with
+the table's columns, then
+
+- ``_op``: the change that wrote the version (INSERT, UPDATE or SNAPSHOT; the last of its
+  transaction);
+- ``_valid_from_lsn``, ``_valid_from``: the commit LSN and time of its transaction;
+- ``_valid_to_lsn``, ``_valid_to``: those of the transaction that changed, deleted or
+  truncated the row next (a key change ends the version under the old key); NULL while
+  the version is current;
+- ``_is_current``.
+
+A transaction that changes a row several times makes one version, the row as other
+transactions saw it after the commit. The table as of a commit LSN ``X``: the rows with
+``_valid_from_lsn <= X AND (_valid_to_lsn IS NULL OR _valid_to_lsn > X)``. Unchanged TOAST
+values come from the row's previous version (netchange.py follows them through key
+changes). Commit times are those of the server's commits, which are not in LSN order for
+concurrent transactions: order by the LSNs.
+
+Per batch and table, one Delta commit, idempotent by batch id as ``DeltaTableWriter``'s:
+usually a MERGE that ends the current versions of the keys the batch touched and appends
+the new versions; after a TRUNCATE or an ALTER TABLE, an overwrite (the whole history is
+read into Spark; renamed columns keep their values in every version).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from plugin_framework.spark.delta import (
+    DeltaSink,
+    Pending,
+    keys_match,
+    quote,
+    rows_under,
+    utc_table,
+)
+from plugin_framework.spark.netchange import (
+    Gone,
+    Key,
+    Put,
+    Replay,
+    fill_columns,
+    put_columns,
+    put_schema,
+)
+from plugin_framework.spark.sinks import conform, fill_from, key_names, same_keys
+from plugin_framework.spark.tables import TableInfo, column, typed_values
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["HistoryChanges", "HistoryWriter", "history_changes"]
+
+At = tuple[int, datetime]  # a transaction's commit LSN and time
+
+VERSION_COLUMNS = (("_op", "string"), ("_valid_from_lsn", "bigint"),
+                   ("_valid_from", "timestamp"), ("_valid_to_lsn", "bigint"),
+                   ("_valid_to", "timestamp"), ("_is_current", "boolean"))
+_CLOSE = "_pgdecode_close"
+
+
+@dataclass
+class _Version:
+    put: Put
+    since: At
+    until: At | None = None
+
+
+@dataclass
+class HistoryChanges:
+    versions: pa.Table  # the versions the batch made (put_columns, op, since, until)
+    ends: pa.Table  # the keys whose version in the target ends, and when (row, at)
+    truncated_at: At | None  # the target's other current versions end here
+    fills: list[str] = field(default_factory=list)  # columns some versions take from the target
+
+
+def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
+                    ) -> HistoryChanges:
+    """The versions one table's change rows of a batch make (dicts of NET_COLUMNS, in
+    ``(commit_lsn, seq)`` order), and the target's versions they end."""
+    import pyarrow as pa
+
+    replay = Replay(tuple(key_columns))
+    versions: list[_Version] = []
+    current: dict[Key, _Version] = {}  # the batch's open versions
+    ends: dict[Key, tuple[Put | Gone | None, Key, At]] = {}
+    truncated_at: At | None = None
+    for _, group in itertools.groupby(rows, key=lambda r: int(r["commit_lsn"])):
+        changes = list(group)
+        at = (int(changes[0]["commit_lsn"]), changes[0]["commit_time"])
+        replay.touched = []
+        truncates = False
+        for change in changes:
+            truncates = truncates or change["op"] == "TRUNCATE"
+            replay.apply(change)
+        if truncates:
+            truncated_at = truncated_at or at
+            for version in current.values():
+                version.until = at
+            current.clear()
+        for key in dict.fromkeys(replay.touched):
+            entry = replay.state.get(key)  # None: truncated after
+            if key not in ends:  # the target's version ends at the first touch (or TRUNCATE)
+                ends[key] = (entry, key, truncated_at or at)
+            if key in current:
+                current.pop(key).until = at
+            if isinstance(entry, Put):
+                version = _Version(entry, at)
+                versions.append(version)
+                current[key] = version
+    puts = [v.put for v in versions]
+    utc = pa.timestamp("us", "UTC")
+    table = pa.table({
+        **put_columns(puts), "op": [p.op for p in puts],
+        "since_lsn": [v.since[0] for v in versions], "since": [v.since[1] for v in versions],
+        "until_lsn": [None if v.until is None else v.until[0] for v in versions],
+        "until": [None if v.until is None else v.until[1] for v in versions]},
+        schema=pa.schema([*put_schema(), ("op", pa.string()), ("since_lsn", pa.int64()),
+                          ("since", utc), ("until_lsn", pa.int64()), ("until", utc)]))
+    text_map = pa.map_(pa.string(), pa.string())
+    end_rows = list(ends.values())
+    end_table = pa.table({
+        "row": pa.array([list(zip(key_columns, key, strict=True)) for _, key, _ in end_rows],
+                        text_map),
+        "row_json": pa.array([None if e is None else e.row_json for e, _, _ in end_rows],
+                             pa.string()),
+        "at_lsn": pa.array([at[0] for _, _, at in end_rows], pa.int64()),
+        "at": pa.array([at[1] for _, _, at in end_rows], utc)})
+    return HistoryChanges(table, end_table, truncated_at, fill_columns(puts))
+
+
+class HistoryWriter(DeltaSink):
+    """``fn(batch_df, batch_id)`` appending each table's versions to its Delta history."""
+
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        pending = self.pending(rows, info, batch_id)
+        if pending is None:
+            return  # applied already
+        changes = history_changes(rows, key_names(info))
+        table = pending.table
+        versions = self._versions(spark, changes, info)
+        if table is None:
+            self.overwrite(pending, versions.drop("_fill", *_origins(info)))
+            return
+        if changes.truncated_at is not None or pending.redescribed:
+            self._rewrite(spark, pending, changes, info, versions)
+            return
+        if changes.fills:
+            versions = fill_from(versions, changes.fills, info,
+                                 rows_under(spark, table, versions, info, current=True))
+        ends = self._ends(spark, changes, info)
+        names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
+        source = versions.drop("_fill", *_origins(info)).withColumn(_CLOSE, F.lit(False)) \
+            .unionByName(ends.withColumn(_CLOSE, F.lit(True)), allowMissingColumns=True)
+        ended = {quote(c): f"s.{quote(c)}" for c in ("_valid_to_lsn", "_valid_to")}
+        (table.merge(utc_table(source.toArrow()),
+                     f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
+                     source_alias="s", target_alias="t", commit_properties=pending.commit)
+         .when_matched_update({**ended, "_is_current": "false"})
+         .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
+                                  predicate=f"NOT s.{_CLOSE}")
+         .execute())
+
+    def _versions(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
+        """The batch's versions, typed; ``_fill`` and ``_o_<key>`` for fill_from."""
+        from pyspark.sql import functions as F
+
+        columns = [(name, pg) for name, pg, _ in info.columns]
+        types = dict(columns)
+        keys = key_names(info)
+        return spark.createDataFrame(changes.versions).select(
+            *typed_values(F.col("row"), F.col("row_json"), columns),
+            F.col("fill").alias("_fill"),
+            *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
+                          prefix="_o_"),
+            F.col("op").alias("_op"), F.col("since_lsn").alias("_valid_from_lsn"),
+            F.col("since").cast("timestamp").alias("_valid_from"),
+            F.col("until_lsn").alias("_valid_to_lsn"),
+            F.col("until").cast("timestamp").alias("_valid_to"),
+            F.col("until_lsn").isNull().alias("_is_current"))
+
+    def _ends(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
+        """The keys whose current version in the target ends: key columns, ``_valid_to_lsn``
+        and ``_valid_to``."""
+        from pyspark.sql import functions as F
+
+        types = {name: pg for name, pg, _ in info.columns}
+        return spark.createDataFrame(changes.ends).select(
+            *typed_values(F.col("row"), F.col("row_json"),
+                          [(k, types[k]) for k in key_names(info)]),
+            F.col("at_lsn").alias("_valid_to_lsn"), F.col("at").cast("timestamp")
+            .alias("_valid_to"))
+
+    def _rewrite(self, spark: Any, pending: Pending, changes: HistoryChanges,
+                 info: TableInfo, versions: Any) -> None:
+        """The whole history again: the existing versions under the batch's description,
+        those the batch ends ended, the batch's appended."""
+        from pyspark.sql import functions as F
+
+        assert pending.table is not None
+        existing = spark.createDataFrame(pending.table.to_pyarrow_table())
+        base = conform(existing, info, pending.renamed, versions.schema, VERSION_COLUMNS)
+        keys = key_names(info)
+        if changes.fills:
+            versions = fill_from(versions, changes.fills, info, base.filter("_is_current"))
+        ends = self._ends(spark, changes, info).select(
+            *[column(k).alias(f"_e_{k}") for k in keys],
+            F.col("_valid_to_lsn").alias("_e_lsn"), F.col("_valid_to").alias("_e_at"))
+        joined = base.join(ends, same_keys(keys, "", "_e_") & F.col("_is_current"), "left")
+        trunc_lsn, trunc_at = changes.truncated_at or (None, None)
+        end_lsn = F.coalesce(F.col("_e_lsn"), F.when(F.col("_is_current"), F.lit(trunc_lsn)))
+        end_at = F.coalesce(F.col("_e_at"), F.when(F.col("_is_current"),
+                                                   F.lit(trunc_at).cast("timestamp")))
+        ended = joined.select(
+            *[column(c) for c in base.columns if c not in ("_valid_to_lsn", "_valid_to",
+                                                           "_is_current")],
+            F.coalesce(F.col("_valid_to_lsn"), end_lsn).alias("_valid_to_lsn"),
+            F.coalesce(F.col("_valid_to"), end_at).alias("_valid_to"),
+            (F.col("_is_current") & end_lsn.isNull()).alias("_is_current"))
+        out = [column(c) for c in base.columns]
+        self.overwrite(pending, ended.select(*out).unionByName(
+            versions.drop("_fill", *_origins(info)).select(*out)))
+
+
+def _origins(info: TableInfo) -> list[str]:
+    return [f"_o_{k}" for k in key_names(info)]
