@@ -4,6 +4,7 @@ captured stream, in the same run.
 
     python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
+                                        [--mirror]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
 inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
@@ -16,7 +17,10 @@ message, from the first message to the end of shutdown (everything delivered):
   batch's DataFrame (Arrow, into the JVM) and calling ``fn``: one that does nothing, one that
   runs ``df.count()`` (a Spark job per batch);
 - spark parquet (with --parquet): ``fn`` = ChangeLogWriter, the change log appended to
-  Parquet.
+  Parquet;
+- mirror parquet / delta / history (with --mirror): ``fn`` = TableStateWriter (each batch
+  rewrites the table's state), DeltaTableWriter (each batch merged into a Delta table),
+  HistoryWriter (each batch's versions merged into a Delta history), from an empty target.
 
 Spark runs as ``local[2]``; one warm-up batch goes first. It prints numbers and never judges
 them: no thresholds, exit status 0.
@@ -163,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", type=Path, help="use a capture saved with --out")
     parser.add_argument("--parquet", action="store_true",
                         help="also time fn = ChangeLogWriter (Parquet)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="also time the mirrors: TableStateWriter, DeltaTableWriter, "
+                             "HistoryWriter")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_rows.split(",") if x.strip()]
 
@@ -214,6 +221,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return run_spark(frames, proto, work, spark, s,
                                      ChangeLogWriter(str(work / "log")))
                 best(f"spark parquet {size:>5,}", parquet)
+            if args.mirror:
+                from plugin_framework.spark import (
+                    DeltaTableWriter,
+                    HistoryWriter,
+                    TableStateWriter,
+                )
+
+                for name, sink in (("parquet", TableStateWriter), ("delta", DeltaTableWriter),
+                                   ("history", HistoryWriter)):
+                    def mirror(s: int = size, sink: Any = sink) -> tuple[float, int]:
+                        shutil.rmtree(work / "mirror", ignore_errors=True)
+                        return run_spark(frames, proto, work, spark, s,
+                                         sink(str(work / "mirror")))
+                    best(f"mirror {name:<7} {size:>7,}", mirror)
         json_seconds = results[0][1]
         print()
         print(f"{'path':<24} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")

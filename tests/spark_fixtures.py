@@ -5,7 +5,8 @@ pipeline runner to start (and kill) as a subprocess:
     python tests/spark_fixtures.py emitter|source --dsn ... --slot ... --work DIR \\
         [--kill-at BATCH_ID]
 
-The foreachBatch function writes the change log, the Parquet state and the Delta state. With
+The foreachBatch function writes the change log, the Parquet state, the Delta state and the
+Delta history. With
 ``--kill-at N`` it does so in batch N up to the Delta state of the first table, then touches
 ``DIR/killme`` and sleeps: the test kills the process group with SIGKILL there, in the
 middle of the batch.
@@ -172,18 +173,24 @@ def table_columns(db: Any, table: str) -> list[str]:
         "AND NOT attisdropped ORDER BY attnum", (table,))]
 
 
-def delta_rows(path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
-    """``DeltaTableWriter``'s state of a table, as deltalake reads it (no Spark)."""
+def delta_rows(path: str, table: str, columns: list[str],
+               history: bool = False) -> list[tuple[Any, ...]]:
+    """``DeltaTableWriter``'s state of a table (``history``: the current versions of
+    ``HistoryWriter``'s), as deltalake reads it (no Spark)."""
     from plugin_framework.spark import read_delta
 
-    data = read_delta(path, table).to_pyarrow_table().select(columns).to_pylist()
-    return [tuple(_norm(row[c]) for c in columns) for row in data]
+    data = read_delta(path, table).to_pyarrow_table().to_pylist()
+    return [tuple(_norm(row[c]) for c in columns) for row in data
+            if not history or row["_is_current"]]
 
 
-def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = False) -> None:
+def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = False,
+                               history: bool = False) -> None:
+    """The state at ``path`` (Parquet; ``delta``: Delta; ``history``: the current versions
+    of a Delta history) equals the tables."""
     for table in TABLES:
         columns = table_columns(db, table)
-        rows = delta_rows(path, table, columns) if delta else \
+        rows = delta_rows(path, table, columns, history) if delta or history else \
             state_rows(spark, path, table, columns)
         assert len(rows) == len(set(rows)), f"{table}: duplicate rows in the state"
         expected = table_rows(db, table)
@@ -285,7 +292,12 @@ def spark_session() -> Iterator[Any]:
 
 
 def _batch_function(work: Path, kill_at: int | None) -> Any:
-    from plugin_framework.spark import ChangeLogWriter, DeltaTableWriter, TableStateWriter
+    from plugin_framework.spark import (
+        ChangeLogWriter,
+        DeltaTableWriter,
+        HistoryWriter,
+        TableStateWriter,
+    )
 
     def applied(table: str, batch_id: int) -> None:
         if batch_id == kill_at:
@@ -295,6 +307,7 @@ def _batch_function(work: Path, kill_at: int | None) -> Any:
     log = ChangeLogWriter(str(work / "log"))
     state = TableStateWriter(str(work / "state"))
     delta = DeltaTableWriter(str(work / "delta"), on_table=applied)
+    history = HistoryWriter(str(work / "history"))
     batches = work / "batches"
 
     def fn(df: Any, batch_id: int) -> None:
@@ -306,8 +319,11 @@ def _batch_function(work: Path, kill_at: int | None) -> Any:
         state(df, batch_id)
         stated = time.monotonic()
         delta(df, batch_id)
+        delta_done = time.monotonic()
+        history(df, batch_id)
         print(f"batch {batch_id}: change log {logged - started:.1f} s, state "
-              f"{stated - logged:.1f} s, delta {time.monotonic() - stated:.1f} s", flush=True)
+              f"{stated - logged:.1f} s, delta {delta_done - stated:.1f} s, history "
+              f"{time.monotonic() - delta_done:.1f} s", flush=True)
 
     return fn
 

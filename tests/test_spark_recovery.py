@@ -1,12 +1,8 @@
 """The Spark ways in, end to end, with a crash: about 20,000 changes streamed into Parquet
-(change log and table state) and Delta (table state) by a pipeline process that is killed
-with SIGKILL in the middle of a batch (between two tables of the Delta state) and started
-again. Both states must equal the tables, row for row, and the change log must hold every
-change exactly once.
-
-Each run is a subprocess (``tests/spark_fixtures.py``) with a Spark of its own; the
-comparisons use the session's shared SparkSession. Like every server test, these run on each
-available server version.
+(change log and table state) and Delta (table state and history) by a pipeline process that
+is killed with SIGKILL in the middle of a batch (between two tables of the Delta state) and
+started again. The states and the history's current versions must equal the tables, row for
+row, and the change log must hold every change exactly once.
 """
 
 from __future__ import annotations
@@ -97,4 +93,5 @@ def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: 
     assert batches[2:] == list(range(1, batches[-1] + 1))
     assert_state_equals_tables(spark, db, str(work / "state"))
     assert_state_equals_tables(spark, db, str(work / "delta"), delta=True)
+    assert_state_equals_tables(spark, db, str(work / "history"), history=True)
     assert_changelog_complete(spark, db, str(work / "log"), ref)

@@ -241,10 +241,8 @@ class ForeachBatchPlugin(OutputPlugin):
         if self._cur is not None:
             # a transaction cut short by a lost connection: the server sends it again
             self._cur.builder.rollback(self._cur.mark)
-        mark = builder.mark()
-        snapshot = bool(getattr(txn, "is_snapshot", False))
-        self._cur = _Current(builder, builder.open_txn(None if snapshot else txn.xid,
-                                                       snapshot=snapshot), mark, snapshot)
+        index, mark = builder.open_for(txn)
+        self._cur = _Current(builder, index, mark, bool(getattr(txn, "is_snapshot", False)))
         return self._cur
 
     def begin(self, ctx: Any, txn: Any) -> None:

@@ -296,6 +296,13 @@ class ChangeBuilder:
         self.txns.append(_TxnInfo(xid, snapshot))
         return len(self.txns) - 1
 
+    def open_for(self, txn: Any) -> tuple[int, _Mark]:
+        """``txn``'s rows from now on: its index, and the mark to roll back to if it is cut
+        short (a lost connection: the server sends it again). A snapshot chunk has no xid."""
+        mark = self.mark()
+        snapshot = bool(getattr(txn, "is_snapshot", False))
+        return self.open_txn(None if snapshot else txn.xid, snapshot=snapshot), mark
+
     def close_txn(self, index: int, txn: Any, commit_lsn: int) -> None:
         info = self.txns[index]
         info.commit_lsn = int(commit_lsn)

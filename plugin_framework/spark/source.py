@@ -100,10 +100,7 @@ class _Collector(OutputPlugin):
     def begin(self, ctx: Any, txn: Any) -> None:
         if self._cur is not None:
             self.builder.rollback(self._cur[1])
-        mark = self.builder.mark()
-        snapshot = bool(txn.is_snapshot)
-        self._cur = (self.builder.open_txn(None if snapshot else txn.xid, snapshot=snapshot),
-                     mark)
+        self._cur = self.builder.open_for(txn)
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         assert self._cur is not None
