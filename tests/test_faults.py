@@ -549,11 +549,12 @@ def test_signal_finishes_transaction_and_acknowledges(db: Any, env: dict[str, st
 
 
 def stream_error(conninfo: str, env: dict[str, str], *args: str, slot: str = "s",
-                 publication: str = "pub", source_kind: str = "walsender") -> str:
+                 publication: str = "pub", source_kind: str = "walsender",
+                 status: int = 1) -> str:
     result = run_cli(["stream", "-d", conninfo, "-S", slot, "--publication", publication,
                       "--emitter", "probe", "--no-reconnect", "--source", source_kind,
                       "-E", "0/1", *args], env=env, timeout=60)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == status, result.stderr
     # the error ends the output (perhaps after a line of INFO about the start)
     assert "pgdecode: error: " in result.stderr, result.stderr
     error = result.stderr[result.stderr.index("pgdecode: error: "):]
@@ -583,7 +584,8 @@ def test_error_wal_level_not_logical(pg: LocalCluster, env: dict[str, str],
 @SOURCES
 def test_error_slot_missing(db: Any, env: dict[str, str], source_kind: str) -> None:
     make_table(db.conninfo)
-    message = stream_error(db.conninfo, env, slot="nowhere", source_kind=source_kind)
+    message = stream_error(db.conninfo, env, slot="nowhere", source_kind=source_kind,
+                           status=3)
     assert 'replication slot "nowhere" does not exist' in message
     assert "pgdecode slot create" in message and "--create-slot" in message
 
@@ -623,7 +625,7 @@ def test_error_slot_invalidated(pg: LocalCluster, env: dict[str, str],
             query(conninfo, "CHECKPOINT")
         else:
             pytest.fail("the slot was never invalidated")
-        message = stream_error(conninfo, env, slot="lost", source_kind=source_kind)
+        message = stream_error(conninfo, env, slot="lost", source_kind=source_kind, status=3)
         assert '"lost"' in message and "invalidated" in message
         assert "cannot be used again" in message
         assert "pgdecode slot drop -S lost" in message and "max_slot_wal_keep_size" in message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -51,9 +52,15 @@ from plugin_framework.sources.capture import (
     read_capture,
     read_header,
 )
-from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.errors import (
+    ConnectionLost,
+    SlotUnusable,
+    SourceError,
+    explain,
+    invalidated_advice,
+)
 from plugin_framework.sources.incremental import request_snapshot
-from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
+from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
 from plugin_framework.sources.walsender import WalsenderSource
 
 
@@ -272,9 +279,7 @@ def cmd_slot(args: argparse.Namespace) -> int:
                     rows.append((s.name, s.database or "", "yes" if s.active else "no",
                                  "yes" if s.two_phase else "no",
                                  str(s.confirmed_flush_lsn or ""), s.wal_status or ""))
-                widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-                for row in rows:
-                    print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+                print_table(rows)
                 return 0
             if not args.slot:
                 raise UsageError("a slot is required: -S SLOT")
@@ -297,6 +302,63 @@ def cmd_slot(args: argparse.Namespace) -> int:
         raise explain(exc, args.dbname or "", args.slot) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return 0
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The logical slots' health (sources/slots.py: slot_health), as a table or JSON."""
+    try:
+        with psycopg.connect(args.dbname or "", autocommit=True) as conn:
+            slots = slot_health(conn, args.slot)
+    except psycopg.Error as exc:
+        raise explain(exc, args.dbname or "", args.slot) from None
+    if args.slot and not slots:
+        raise SlotUnusable(f'replication slot "{args.slot}" does not exist: create it with '
+                           f"`pgdecode slot create -S {args.slot} ...`")
+    if args.json:
+        print(json.dumps(slots, default=str, indent=2))
+        return 0
+
+    def size(n: int | None) -> str:
+        if n is None:
+            return "-"
+        for unit in ("B", "kB", "MB", "GB"):
+            if abs(n) < 10240 or unit == "GB":
+                return f"{n} {unit}"
+            n //= 1024
+        raise AssertionError
+
+    def flag(value: bool | None) -> str:
+        return "-" if value is None else "yes" if value else "no"
+
+    rows = [("SLOT", "PLUGIN", "DATABASE", "ACTIVE_PID", "TWO_PHASE", "FAILOVER",
+             "CONFIRMED_FLUSH", "LAG", "RETAINED", "WAL_STATUS", "SAFE_WAL_SIZE",
+             "INACTIVE_SINCE", "PREPARED")]
+    for s in slots:
+        inactive = s["inactive_since"]
+        rows.append((
+            s["slot"], s["plugin"] or "-", s["database"] or "-", str(s["active_pid"] or "-"),
+            flag(s["two_phase"]), flag(s["failover"]), s["confirmed_flush_lsn"] or "-",
+            size(s["lag_bytes"]), size(s["retained_bytes"]), s["wal_status"] or "-",
+            size(s["safe_wal_size"]),
+            "-" if inactive is None else inactive.isoformat(timespec="seconds"),
+            "-" if s["prepared"] is None else str(s["prepared"])))
+        if s["wal_status"] == "lost":
+            reason = s["invalidation_reason"]
+            print(f'pgdecode: warning: slot "{s["slot"]}" was invalidated'
+                  f'{f" ({reason})" if reason else ""}: '
+                  f'{invalidated_advice(s["slot"], reason)}', file=sys.stderr)
+        elif s["wal_status"] == "unreserved":
+            print(f'pgdecode: warning: slot "{s["slot"]}" holds back more WAL than '
+                  "max_slot_wal_keep_size allows: it will be invalidated at the next "
+                  "checkpoint unless its consumer catches up", file=sys.stderr)
+    print_table(rows)
     return 0
 
 
@@ -399,5 +461,6 @@ def check_emitters(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stream": cmd_stream, "mirror": cmd_mirror, "capture": cmd_capture, "slot": cmd_slot,
-    "emitters": cmd_emitters, "snapshot": cmd_snapshot, "replay": cmd_replay, "demo": cmd_demo,
+    "emitters": cmd_emitters, "snapshot": cmd_snapshot, "status": cmd_status,
+    "replay": cmd_replay, "demo": cmd_demo,
 }

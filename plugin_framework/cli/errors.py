@@ -1,6 +1,7 @@
 """How a command that fails ends: the message (text, or a JSON line with --log-format
-json), and the exit status: 2 for bad input, 1 for an error the user can act on, 141 when
-stdout's reader went away, 130 on Ctrl-C; anything else is a bug and keeps its traceback."""
+json), and the exit status: 2 for bad input, 1 for an error the user can act on, 3 when the
+slot is missing or invalidated (restarting will not help), 141 when stdout's reader went
+away, 130 on Ctrl-C; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from plugin_framework.framework.registry import EmitterNotFound
 from plugin_framework.protocol import ProtocolError
 from plugin_framework.rowfilter import RowFilterError
 from plugin_framework.sources.capture import CaptureFormatError
-from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.errors import SlotUnusable, SourceError
 
 __all__ = ["UsageError", "exit_status", "is_user_facing", "report", "report_usage"]
 
@@ -76,6 +77,9 @@ def file_error(exc: BaseException, args: argparse.Namespace) -> str | None:
     return None
 
 
+SLOT_UNUSABLE = 3  # the exit status when the slot is missing or invalidated
+
+
 def report(args: argparse.Namespace, message: str, usage: bool = False) -> None:
     """The error that ends the command: a JSON line with --log-format json."""
     if getattr(args, "log_format", "text") == "json":
@@ -112,5 +116,5 @@ def exit_status(exc: Exception, args: argparse.Namespace) -> int:
         return 1
     if is_user_facing(exc):
         report(args, f"{exc}")
-        return 1
+        return SLOT_UNUSABLE if isinstance(exc, SlotUnusable) else 1
     raise exc

@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--if-not-exists", action="store_true")
     p.add_argument("--if-exists", action="store_true")
 
+    p = sub.add_parser("status", help="the health of the database's logical slots")
+    connection_args(p)
+    p.add_argument("--json", action="store_true", help="JSON, for scripts")
+
     p = sub.add_parser("emitters", help="list installed emitters")
     p.add_argument("--emitter-allowlist", metavar="NAME,...")
 

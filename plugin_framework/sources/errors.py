@@ -29,6 +29,12 @@ class ConnectionLost(SourceError):
     """The connection dropped; the source may reconnect and resume from the slot."""
 
 
+class SlotUnusable(SourceError):
+    """The slot does not exist or was invalidated: the stream cannot go on from it (the
+    command's exit status is 3, so that a supervisor can tell this from other errors and
+    stop restarting the consumer)."""
+
+
 _URI_SCHEMES = ("postgresql://", "postgres://")  # as libpq spells them (case matters)
 # In a URI's user name or password: "/" and "@" end it early, and "%" must start %XX.
 _UNENCODED = re.compile(r"[/@]|%(?![0-9A-Fa-f]{2})")
@@ -229,7 +235,7 @@ def explain(exc: BaseException, conninfo: str, slot: str | None = None,
             message, "Logical decoding needs wal_level = logical on the server: run "
             "ALTER SYSTEM SET wal_level = logical; and restart the server."))
     if sqlstate == "42704" and slot and "replication slot" in lower:
-        return SourceError(_advise(
+        return SlotUnusable(_advise(
             message, f"Create it with `pgdecode slot create -d ... -S {slot}`, or pass "
             "--create-slot."))
     if sqlstate == "42704" and "publication" in lower:
@@ -242,7 +248,7 @@ def explain(exc: BaseException, conninfo: str, slot: str | None = None,
             "(each consumer needs its own)."))
     if "can no longer" in lower or "invalidated" in lower:
         reason = next((r for r in _INVALIDATION_CAUSES if r in lower), None)
-        return SourceError(_advise(
+        return SlotUnusable(_advise(
             message, "The slot was invalidated and cannot be used again: "
             + invalidated_advice(slot or "SLOT", reason)))
     if sqlstate == "42501" or "permission denied" in lower or "must be superuser" in lower:

@@ -44,6 +44,36 @@ def list_slots(conn: psycopg.Connection[Any], name: str | None = None) -> list[S
     ]
 
 
+# pg_replication_slots' columns that came later than PostgreSQL 15, the oldest pgdecode reads
+_SINCE_17 = ("failover", "inactive_since", "invalidation_reason")
+
+
+def slot_health(conn: psycopg.Connection[Any], name: str | None = None) -> list[dict[str, Any]]:
+    """What ``pgdecode status`` reports of each logical slot (or of ``name``), from
+    pg_replication_slots: the columns below, ``lag_bytes`` (the server's WAL position, or
+    on a standby its replay position, minus ``confirmed_flush_lsn``), ``retained_bytes``
+    (the same minus ``restart_lsn``: the WAL the slot holds back) and, for two-phase
+    slots, ``prepared``: the prepared transactions of the slot's database
+    (pg_prepared_xacts), which the slot's consumer may be holding until they end."""
+    later = ", ".join(f"s.{c}" if conn.info.server_version >= 170000 else f"NULL AS {c}"
+                      for c in _SINCE_17)
+    cursor = conn.execute(
+        "WITH here AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        "ELSE pg_current_wal_lsn() END AS lsn) "
+        "SELECT s.slot_name AS slot, s.plugin, s.database, s.temporary, s.active_pid, "
+        "s.two_phase, s.confirmed_flush_lsn::text AS confirmed_flush_lsn, "
+        "s.restart_lsn::text AS restart_lsn, "
+        "pg_wal_lsn_diff(here.lsn, s.confirmed_flush_lsn)::bigint AS lag_bytes, "
+        "pg_wal_lsn_diff(here.lsn, s.restart_lsn)::bigint AS retained_bytes, "
+        f"s.wal_status, s.safe_wal_size, {later}, "
+        "CASE WHEN s.two_phase THEN (SELECT count(*) FROM pg_prepared_xacts p "
+        "WHERE p.database = s.database) END AS prepared "
+        "FROM pg_replication_slots s, here WHERE s.slot_type = 'logical' "
+        "AND (%s::text IS NULL OR s.slot_name = %s) ORDER BY s.slot_name", (name, name))
+    names = [d.name for d in cursor.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
 def create_slot(conn: psycopg.Connection[Any], name: str, *, two_phase: bool = False,
                 failover: bool = False, temporary: bool = False,
                 if_not_exists: bool = False) -> tuple[SlotInfo, bool]:

@@ -18,7 +18,7 @@ import psycopg
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.errors import SourceError, explain
+from plugin_framework.sources.errors import SlotUnusable, SourceError, explain
 from plugin_framework.sources.session import (
     Progress,
     SourceConfig,
@@ -85,7 +85,7 @@ class SqlSource:
                                      temporary=cfg.temporary_slot, if_not_exists=True)
         slots = list_slots(conn, cfg.slot)
         if not slots:
-            raise SourceError(
+            raise SlotUnusable(
                 f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
                 f"create -S {cfg.slot} ...` or pass --create-slot"
             )

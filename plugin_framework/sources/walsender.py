@@ -41,6 +41,7 @@ from plugin_framework.protocol.framing import (
 from plugin_framework.protocol.lsn import wire_lsn
 from plugin_framework.sources.errors import (
     ConnectionLost,
+    SlotUnusable,
     SourceError,
     explain,
     invalidated_advice,
@@ -373,7 +374,7 @@ class WalsenderSource:
             f"{why_lost}, two_phase FROM pg_replication_slots "
             f"WHERE slot_name = {quote_standard_literal(cfg.slot)}")
         if not rows:
-            raise SourceError(
+            raise SlotUnusable(
                 f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
                 f"create -S {cfg.slot} ...` or pass --create-slot"
             )
@@ -390,7 +391,7 @@ class WalsenderSource:
             )
         if wal_status == "lost":
             why = f" ({reason})" if reason else ""
-            raise SourceError(
+            raise SlotUnusable(
                 f'replication slot "{cfg.slot}" was invalidated{why} and cannot be used '
                 f"again: {invalidated_advice(cfg.slot, reason)}"
             )

@@ -15,8 +15,7 @@
   version of the tables it touches beside the current one and swaps it in; the batch id
   recorded in the version (``_pgdecode_batch-N``) makes a replayed batch a no-op. Tables
   without a key use all columns as the key (duplicate rows collapse). The rewrite reads the
-  whole table state: for large tables, merge into a table format with MERGE (Delta,
-  Iceberg) from ``split_tables`` instead.
+  whole table state: for large tables, use ``DeltaTableWriter`` (delta.py), which merges.
 
 Paths go through Hadoop's FileSystem of the session (any scheme Spark can write), or the
 local file system when the session has no JVM gateway (Spark Connect).
