@@ -60,6 +60,7 @@ from plugin_framework.sources.errors import (
     invalidated_advice,
 )
 from plugin_framework.sources.incremental import request_snapshot
+from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -163,7 +164,19 @@ def cmd_stream(args: argparse.Namespace) -> int:
     # Filters are checked against the catalog now: before anything is streamed or acked.
     assembly = assemble(args, config.slot, config.conninfo, filter_conninfo=config.conninfo)
     source = open_source(config, assembly.pipeline, args.source)
-    run_source(source, assembly, status=status_line(args, source))
+    metrics = None
+    if args.metrics_port is not None:
+        try:
+            metrics = serve_metrics(source, args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            assembly.close()
+            raise UsageError(f"cannot serve metrics on port {args.metrics_port}: "
+                             f"{exc.strerror or exc}") from None
+    try:
+        run_source(source, assembly, status=status_line(args, source))
+    finally:
+        if metrics is not None:
+            metrics.shutdown()
     return 0
 
 

@@ -47,6 +47,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgdecode",
@@ -118,10 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="copy a published table's rows into the running stream, chunk by "
                             "chunk (an incremental snapshot; repeatable)")
 
+    def metrics_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--metrics-port", type=port_number, metavar="PORT",
+                       help="serve Prometheus metrics at http://ADDRESS:PORT/metrics")
+        p.add_argument("--metrics-address", default="", metavar="ADDRESS",
+                       help="the address to serve metrics on (default: all)")
+
     p = sub.add_parser("stream", help="stream a slot through emitters")
     connection_args(p)
     source_args(p)
     snapshot_args(p)
+    metrics_args(p)
     emitter_args(p, "json")
     add_cli_arguments(p)
 
@@ -130,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     connection_args(p)
     source_args(p)
     snapshot_args(p)
+    metrics_args(p)
     p.add_argument("--to", required=True, metavar="DIR",
                    help="where the tables go (DIR/SCHEMA/TABLE): a path or URI Spark writes "
                         "to (Parquet), or that deltalake writes to (Delta)")

@@ -30,6 +30,7 @@ class SpoolBudget:
         self.directory = directory
         self.spooled_bytes = 0  # everything appended, in memory or not
         self.spilled_bytes = 0  # what went to disk
+        self.on_disk = 0  # what is on disk now (spools not closed yet)
 
 
 class Spool:
@@ -40,6 +41,7 @@ class Spool:
         self._memory: list[Entry] = []
         self._memory_bytes = 0
         self._file: IO[bytes] | None = None
+        self._file_bytes = 0
         self.count = 0
 
     def append(self, lsn: LSN, xid: int, in_stream: bool, raw: bytes) -> None:
@@ -74,6 +76,8 @@ class Spool:
         f.write(_ENTRY.pack(lsn, xid, in_stream, len(raw)))
         f.write(raw)
         self._budget.spilled_bytes += len(raw) + _ENTRY.size
+        self._budget.on_disk += len(raw) + _ENTRY.size
+        self._file_bytes += len(raw) + _ENTRY.size
 
     def __iter__(self) -> Iterator[Entry]:
         """Every entry in append order: first those spilled to disk, then those in memory."""
@@ -95,3 +99,5 @@ class Spool:
         if self._file is not None:
             self._file.close()
             self._file = None
+            self._budget.on_disk -= self._file_bytes
+            self._file_bytes = 0

@@ -135,6 +135,7 @@ class Progress:
     changes: int = 0
     connected: bool = False
     reconnects: int = 0
+    bytes: int = 0  # of the replication messages received
     snapshot: SnapshotProgress | None = None  # while (and once) the initial copy runs
 
 

@@ -460,6 +460,7 @@ class WalsenderSource:
                 received = progress.received
                 batch = read_batch(min(wait, 1.0))
                 progress.messages += len(batch)  # keepalives are taken off below
+                progress.bytes += sum(map(len, batch))
                 for raw in batch:
                     if raw[0] == XLOGDATA_TAG and len(raw) >= header and tap is None:
                         # The hot path: no XLogData object, no send time.

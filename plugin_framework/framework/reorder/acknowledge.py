@@ -95,6 +95,7 @@ class Acknowledgement(ReorderBufferState):
         self._close(state)
         self._mark(range(len(self.members)), end_lsn)
         self.transactions += 1
+        self.last_commit_time = state.base.commit_time
 
     def _delivered(self, i: int, lsn: LSN | None) -> bool:
         """Whether member i already had the transaction whose commit (or prepare, or

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -81,9 +82,15 @@ class ReorderBufferState:
         self.keepalive: Callable[[], None] | None = None
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
+        self.last_commit_time: datetime | None = None  # of the last finished transaction
 
     # --- a member's part of a transaction -------------------------------------------------------
 
+
+    @property
+    def prepared_held(self) -> int:
+        """Prepared transactions received and awaiting COMMIT or ROLLBACK PREPARED."""
+        return len(self._prepared)
     def _view(self, state: TxnState, i: int) -> Transaction:
         """Member i's own copy of the transaction (plugins may annotate theirs)."""
         view = state.views.get(i)

@@ -1,0 +1,89 @@
+"""``pgdecode stream --metrics-port``, scraped over HTTP as Prometheus would, on each server
+version: while the server streams a large transaction that is still open, the transaction
+spills to disk and the spill metric shows it; after the commit the stream catches up, the
+lag falls to 0, the spill file is gone, and the counters and the slot's metrics say what
+happened."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from streamkit import start_cli, stop_process, wait_for
+
+ROWS = 20_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``{"name{label=value,...}": value}`` of every sample."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                              if k != "slot")
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def test_metrics_show_spill_lag_and_the_slot(db: Any, tmp_path: Path) -> None:
+    slot = f"{db.dbname}_metrics"
+    db.execute("CREATE TABLE m (id int PRIMARY KEY, v text)")
+    db.execute("CREATE PUBLICATION metrics_pub FOR TABLE m")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    port = free_port()
+    # the walsender streams transactions past 64 kB; pgdecode keeps 1 MB in memory
+    conninfo = f"{db.conninfo} options='-c logical_decoding_work_mem=64kB'"
+    log = tmp_path / "stream.log"
+    proc = start_cli(["stream", "-d", conninfo, "-S", slot, "--publication", "metrics_pub",
+                      "--emitter", "json", "-f", str(tmp_path / "out.jsonl"),
+                      "--memory-limit", "1", "--status-interval", "0.5",
+                      "--metrics-port", str(port), "--metrics-address", "127.0.0.1"],
+                     stderr_path=log)
+    try:
+        first = wait_for(lambda: scrape(port).get("pgdecode_connected") == 1 and scrape(port),
+                         timeout=60, what="the metrics endpoint")
+        assert first["pgdecode_changes_total"] == 0
+        assert first["pgdecode_slot_wal_status{status=reserved}"] == 1
+        with db.connect() as conn:
+            conn.execute("INSERT INTO m SELECT g, repeat('v', 200) FROM generate_series(1, %s) g",
+                         (ROWS,))
+            spilled = wait_for(lambda: scrape(port).get("pgdecode_spill_bytes", 0) > 1 << 20
+                               and scrape(port), timeout=60, interval=0.2,
+                               what="the open transaction to spill")
+            assert spilled["pgdecode_changes_total"] > 0  # of the open transaction
+            conn.commit()
+        end = int(db.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+
+        def caught_up() -> dict[str, float] | None:
+            m = scrape(port)
+            done = m.get("pgdecode_acknowledged_lsn", 0) >= end and m["pgdecode_lag_bytes"] == 0
+            return m if done else None
+
+        final = wait_for(caught_up, timeout=60, interval=0.2, what="the stream to catch up")
+        assert final["pgdecode_lag_seconds"] == 0
+        assert final["pgdecode_spill_bytes"] == 0
+        assert final["pgdecode_spilled_bytes_total"] >= spilled["pgdecode_spill_bytes"]
+        assert final["pgdecode_changes_total"] == ROWS
+        assert final["pgdecode_transactions_total"] >= 1
+        assert final["pgdecode_received_bytes_total"] > ROWS * 200
+        assert final["pgdecode_prepared_transactions"] == 0
+        assert final["pgdecode_reconnects_total"] == 0
+        assert "pgdecode_slot_retained_bytes" in final
+    finally:
+        assert stop_process(proc, signal.SIGTERM) == 0, log.read_text()[-2000:]
+    assert (tmp_path / "out.jsonl").read_text().count('{"op":"insert"') == ROWS
