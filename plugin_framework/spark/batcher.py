@@ -26,7 +26,7 @@ from typing import Any
 
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework import OutputError, OutputRecord
-from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema, remember_rows
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint
 
 log = logging.getLogger("pgdecode.spark")
@@ -222,10 +222,16 @@ class ForeachBatchPlugin(OutputPlugin):
         further than before it: a prepared transaction undecided then is sent again."""
         assert self.checkpoint is not None
         table = self.checkpoint.stored_rows(pending)
-        self._call(pending, self.spark.createDataFrame(table, self._schema))
+        self._call(pending, self._frame(table))
         self._finished(pending, self.checkpoint.acked)
         log.info("batch %d (%d rows, with snapshot rows) delivered again from the checkpoint",
                  pending.batch_id, pending.rows)
+
+    def _frame(self, table: Any) -> Any:
+        """The batch's DataFrame, which remembers the rows it was made of (local_rows)."""
+        df = self.spark.createDataFrame(table, self._schema)
+        remember_rows(df, table)
+        return df
 
     def _call(self, br: BatchRange, df: Any) -> None:
         """``fn`` and the sinks, for one batch; nothing more is delivered by this process if
@@ -382,7 +388,7 @@ class ForeachBatchPlugin(OutputPlugin):
         table = batch.to_arrow()
         if replay is None:
             checkpoint.begin(br, table if br.stored else None)
-        self._call(br, self.spark.createDataFrame(table, self._schema))
+        self._call(br, self._frame(table))
         self.delivered = max(self.delivered, br.end)
         self._finished(br, self._durable(br.end))
         batch.clear()

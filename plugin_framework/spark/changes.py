@@ -43,6 +43,7 @@ transaction and per relation fields are stored once and expanded with ``take``.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from itertools import accumulate
@@ -538,3 +539,21 @@ def _map(lengths: list[int | None], keys: list[str], values: list[bytes | None])
 
 def lsn_or_none(value: Any) -> LSN | None:
     return None if value is None else LSN(value)
+
+
+# The Arrow table each DataFrame of a batch was made of, in the driver: what sinks that
+# collect the batch read instead of sending it back from the JVM (batch_rows).
+_LOCAL_ROWS: weakref.WeakKeyDictionary[Any, pa.Table] = weakref.WeakKeyDictionary()
+
+
+def remember_rows(df: Any, table: pa.Table) -> None:
+    """``df`` was created from ``table`` (of the change schema), in this process."""
+    _LOCAL_ROWS[df] = table
+
+
+def local_rows(df: Any) -> pa.Table | None:
+    """The Arrow table ``df`` was created from, if it was here (else None)."""
+    try:
+        return _LOCAL_ROWS.get(df)
+    except TypeError:  # a DataFrame that cannot be weakly referenced (Spark Connect)
+        return None

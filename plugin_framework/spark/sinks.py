@@ -29,6 +29,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from plugin_framework.spark.changes import local_rows
 from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
 from plugin_framework.spark.schemas import Description, SchemaChangeError, describe_rows
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
@@ -391,7 +392,10 @@ def batch_rows(df: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """A batch's change rows by table, each table's in ``(commit_lsn, seq)`` order (one
     collect)."""
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in df.select(*NET_COLUMNS).toArrow().to_pylist():
+    table = local_rows(df)
+    if table is None:
+        table = df.select(*NET_COLUMNS).toArrow()
+    for row in table.select(list(NET_COLUMNS)).to_pylist():
         rows.setdefault((row["schema"], row["table"]), []).append(row)
     for changes in rows.values():
         changes.sort(key=lambda r: (r["commit_lsn"], r["seq"]))
