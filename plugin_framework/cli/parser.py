@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 from plugin_framework import __version__
 from plugin_framework.app import EmitterChoice, UsageError
@@ -26,35 +27,27 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def positive_megabytes(text: str) -> int:
-    """--memory-limit: a positive whole number of megabytes."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of megabytes: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (megabyte), not {text!r}")
-    return value
+def whole_number(low: int, high: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (at most ``high``), ``what``
+    naming its unit in messages."""
+    unit = f" ({what})" if what else ""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number{unit}: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}{unit}, not {text!r}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is between 1 and 65535, not {text!r}")
-    return value
+positive_megabytes = whole_number(1, what="megabytes")  # --memory-limit
+positive_int = whole_number(1)
+port_number = whole_number(1, 65535, "a TCP port")
 
 
 def build_parser() -> argparse.ArgumentParser:
