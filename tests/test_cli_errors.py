@@ -584,7 +584,7 @@ def test_capture_file_checked_before_streaming(captured: Captured, env: dict[str
     nothing = tmp_path / "nothing.cap"
     result = run_cli(["capture", "-d", db.conninfo, "-S", "no_such_slot", "--publication",
                       "p", "-f", str(nothing), "--no-reconnect"], env=env)
-    assert result.returncode == 1 and "does not exist" in error_of(result)
+    assert result.returncode == 3 and "does not exist" in error_of(result)
     assert not nothing.exists()
 
 

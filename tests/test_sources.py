@@ -31,7 +31,7 @@ from streamkit import (
 from emitters.text import TestDecodingEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.framework.outputs import OutputError
-from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
+from plugin_framework.sources.errors import ConnectionLost, SlotUnusable, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
 from plugin_framework.sources.session import (
     SourceConfig,
@@ -146,6 +146,7 @@ def test_explain_server_errors() -> None:
     assert type(error) is SourceError and "Another consumer" in str(error)
     missing = psycopg.errors.UndefinedObject('replication slot "s" does not exist')
     assert "--create-slot" in str(explain(missing, CONNINFO, "s"))
+    assert isinstance(explain(missing, CONNINFO, "s"), SlotUnusable)  # exit status 3
     denied = psycopg.errors.InsufficientPrivilege("permission denied to use replication slots")
     assert "ALTER ROLE app REPLICATION" in str(explain(denied, CONNINFO, "s"))
     gone = psycopg.errors.ObjectNotInPrerequisiteState(
@@ -153,6 +154,7 @@ def test_explain_server_errors() -> None:
         'invalidated due to "idle_timeout".')
     assert "idle_replication_slot_timeout" in str(explain(gone, CONNINFO, "s"))
     assert "pgdecode slot drop -S s" in str(explain(gone, CONNINFO, "s"))
+    assert isinstance(explain(gone, CONNINFO, "s"), SlotUnusable)
     other = explain(psycopg.errors.SyntaxError("oops secret123"), CONNINFO)
     assert str(other) == "host=db.example port=5433 dbname=shop user=app: oops ********"
 
