@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,3 +455,31 @@ def applied_ids(lines: Iterable[dict[str, Any]], table: str) -> list[int]:
         elif ln["action"] == "DELETE":
             del ids[int(ln["old"]["id"])]
     return sorted(ids)
+
+
+# --- metrics --------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The metrics served at 127.0.0.1:PORT/metrics, as ``{"name{label=value,...}": value}``
+    (without the ``slot`` label); {} while nothing answers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                              if k != "slot")
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out

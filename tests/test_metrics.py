@@ -7,37 +7,12 @@ happened."""
 from __future__ import annotations
 
 import signal
-import socket
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-from streamkit import start_cli, stop_process, wait_for
+from streamkit import free_port, scrape, start_cli, stop_process, wait_for
 
 ROWS = 20_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, float]:
-    """``{"name{label=value,...}": value}`` of every sample."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
-                              if k != "slot")
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
 
 
 def test_metrics_show_spill_lag_and_the_slot(db: Any, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from parity_workload import run_parity_workload, setup_parity
 from spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
+from streamkit import free_port, scrape, wait_for
 from workload import STREAM_ROWS, create_schema, run_workload
 
 from plugin_framework import LSN
@@ -286,16 +287,23 @@ def test_a_batch_goes_out_after_max_delay(db: Any, spark: Any, tmp_path: Path) -
         got(df, batch_id)
         arrived.set()
 
+    port = free_port()
     stream = ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=slot, publications=["p"],
-                                checkpoint=str(tmp_path), max_rows=1_000_000, max_delay=0.2)
+                                checkpoint=str(tmp_path), max_rows=1_000_000, max_delay=0.2,
+                                metrics_port=port, metrics_address="127.0.0.1")
     stream.start()
     try:
         db.execute("INSERT INTO t VALUES (1), (2), (3)")
         assert arrived.wait(120), "no batch arrived"
+        # the Python API serves the stream's metrics too
+        metrics = wait_for(lambda: (m := scrape(port)).get("pgdecode_transactions_total")
+                           and m, timeout=30, what="the metrics")
+        assert metrics["pgdecode_changes_total"] == 3
     finally:
         stream.stop()
         stream.join(120)
     assert [len(rows) for _, rows in got.batches] == [3]
+    assert scrape(port) == {}  # no longer served once the stream ends
 
 
 def test_stream_reader_reads_a_batch_again_after_a_restart(db: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from plugin_framework import LSN
 from plugin_framework.app import PlannedEmitter, build_pipeline, run_source
+from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.walsender import WalsenderSource
 from plugin_framework.spark.batcher import (
@@ -40,6 +41,9 @@ class ForeachBatchStream:
     published tables' rows (``op`` SNAPSHOT), then the stream from where the copy ends;
     ``"only"`` stops after the copy; ``snapshot_tables`` takes incremental snapshots of
     tables while streaming. Both resume after a crash (docs/snapshot.md).
+
+    ``metrics_port``: serve Prometheus metrics at http://METRICS_ADDRESS:PORT/metrics while
+    it runs (docs/operations.md).
     """
 
     def __init__(self, spark: Any, fn: BatchFunction | None = None, *, dsn: str, slot: str,
@@ -50,7 +54,8 @@ class ForeachBatchStream:
                  streaming: str = "on", status_interval: float | None = None,
                  proto_version: int | None = None, memory_limit: int | None = None,
                  reconnect: bool = True, snapshot: str | None = None,
-                 snapshot_workers: int = 2, snapshot_tables: Sequence[str] = ()) -> None:
+                 snapshot_workers: int = 2, snapshot_tables: Sequence[str] = (),
+                 metrics_port: int | None = None, metrics_address: str = "") -> None:
         if snapshot not in (None, "initial", "only"):
             raise ValueError(f'snapshot must be "initial" or "only", not {snapshot!r}')
         if snapshot is not None and not create_slot:
@@ -70,6 +75,7 @@ class ForeachBatchStream:
             snapshot=snapshot, snapshot_workers=snapshot_workers,
             snapshot_tables=tuple(snapshot_tables))
         self.memory_limit = memory_limit
+        self.metrics = (metrics_port, metrics_address)
         self.source: WalsenderSource | None = None
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -83,8 +89,14 @@ class ForeachBatchStream:
         self.source = WalsenderSource(self.config, assembly.pipeline)
         if self._stop_requested.is_set():
             self.source.request_stop()
-        # Inside the caller's SparkSession: its signals are its own.
-        run_source(self.source, assembly, handle_signals=False)
+        port, address = self.metrics
+        server = None if port is None else serve_metrics(self.source, port, address)
+        try:
+            # Inside the caller's SparkSession: its signals are its own.
+            run_source(self.source, assembly, handle_signals=False)
+        finally:
+            if server is not None:
+                server.shutdown()
 
     def start(self) -> ForeachBatchStream:
         """Run in a background thread; ``error`` holds what stopped it, if anything."""
