@@ -36,7 +36,7 @@ class StatusLine:
             rate_t = (pipeline.transactions - txns) / dt
             rate_c = (pipeline.changes - changes) / dt
             self._last = (now, pipeline.transactions, pipeline.changes)
-            lag_bytes = max(0, int(p.server_end) - int(p.acked))
+            lag_bytes = p.lag_bytes
             lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
             state = "" if p.connected else " (reconnecting)"
             if p.snapshot is not None and not p.snapshot.done:

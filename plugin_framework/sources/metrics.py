@@ -56,7 +56,7 @@ class StreamCollector:
             metric.add_metric([slot], value)
             return metric
 
-        lag = max(0, int(progress.server_end) - int(progress.acked))
+        lag = progress.lag_bytes
         last = pipeline.last_commit_time
         lag_seconds = 0.0 if lag == 0 or last is None else max(0.0, time.time() - last.timestamp())
         budget = pipeline.budget

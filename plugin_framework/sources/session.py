@@ -136,6 +136,11 @@ class Progress:
     connected: bool = False
     reconnects: int = 0
     bytes: int = 0  # of the replication messages received
+
+    @property
+    def lag_bytes(self) -> int:
+        """How far the acknowledged position is behind the server's WAL end."""
+        return max(0, int(self.server_end) - int(self.acked))
     snapshot: SnapshotProgress | None = None  # while (and once) the initial copy runs
 
 
