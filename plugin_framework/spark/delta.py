@@ -69,7 +69,6 @@ class Pending:
 
     target: str  # the table's path
     table: Any | None  # its DeltaTable (None: not written yet)
-    stored: Description | None  # the description its newest commit recorded
     renamed: dict[str, str | None] | None  # stored column names -> the batch's (schemas.py)
     commit: Any  # CommitProperties: the batch id and the description
     redescribed: bool  # the description changed since the last commit (ALTER TABLE)
@@ -109,7 +108,7 @@ class DeltaSink(TableSink):
         commit = CommitProperties(
             app_transactions=[Transaction(self.app_id, batch_id)],
             custom_metadata={_DESCRIPTION: orjson.dumps(description).decode()})
-        return Pending(target, table, stored, renamed, commit,
+        return Pending(target, table, renamed, commit,
                        stored is not None and stored != description)
 
     def overwrite(self, pending: Pending, df: Any) -> None:

@@ -48,7 +48,7 @@ from plugin_framework.spark.netchange import (
     put_columns,
     put_schema,
 )
-from plugin_framework.spark.sinks import conform, fill_from, key_names, same_keys
+from plugin_framework.spark.sinks import conform, fill_from, key_names, same_keys, typed_puts
 from plugin_framework.spark.tables import TableInfo, column, typed_values
 
 if TYPE_CHECKING:
@@ -173,15 +173,9 @@ class HistoryWriter(DeltaSink):
         """The batch's versions, typed; ``_fill`` and ``_o_<key>`` for fill_from."""
         from pyspark.sql import functions as F
 
-        columns = [(name, pg) for name, pg, _ in info.columns]
-        types = dict(columns)
-        keys = key_names(info)
-        return spark.createDataFrame(changes.versions).select(
-            *typed_values(F.col("row"), F.col("row_json"), columns),
-            F.col("fill").alias("_fill"),
-            *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
-                          prefix="_o_"),
-            F.col("op").alias("_op"), F.col("since_lsn").alias("_valid_from_lsn"),
+        return typed_puts(
+            spark, changes.versions, info, F.col("op").alias("_op"),
+            F.col("since_lsn").alias("_valid_from_lsn"),
             F.col("since").cast("timestamp").alias("_valid_from"),
             F.col("until_lsn").alias("_valid_to_lsn"),
             F.col("until").cast("timestamp").alias("_valid_to"),

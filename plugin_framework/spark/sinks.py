@@ -27,7 +27,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugin_framework.spark.changes import local_rows
 from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
@@ -35,6 +35,9 @@ from plugin_framework.spark.schemas import Description, SchemaChangeError, descr
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
 __all__ = ["ChangeLogWriter", "TableSink", "TableStateWriter", "read_state", "state_path"]
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _MARKER = "_pgdecode_batch"
 
@@ -289,15 +292,22 @@ def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
     the key ``_o_<key>``), ``_commit_lsn`` and ``_lsn``."""
     from pyspark.sql import functions as F
 
+    return typed_puts(spark, net.table, info, F.col("deleted").alias("_deleted"),
+                      F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+
+
+def typed_puts(spark: Any, table: pa.Table, info: TableInfo, *extra: Any) -> Any:
+    """Rows of netchange's ``put_columns`` (``table``) as a typed DataFrame: the table's
+    columns, ``_fill`` and ``_o_<key>`` (for fill_from), then the ``extra`` columns."""
+    from pyspark.sql import functions as F
+
     columns = [(name, pg) for name, pg, _ in info.columns]
     types = dict(columns)
-    keys = key_names(info)
-    return spark.createDataFrame(net.table).select(
-        *typed_values(F.col("row"), F.col("row_json"), columns),
-        F.col("deleted").alias("_deleted"), F.col("fill").alias("_fill"),
-        *typed_values(F.col("origin"), F.col("origin_json"), [(k, types[k]) for k in keys],
-                      prefix="_o_"),
-        F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+    return spark.createDataFrame(table).select(
+        *typed_values(F.col("row"), F.col("row_json"), columns), F.col("fill").alias("_fill"),
+        *typed_values(F.col("origin"), F.col("origin_json"),
+                      [(k, types[k]) for k in key_names(info)], prefix="_o_"),
+        *extra)
 
 
 def key_names(info: TableInfo) -> list[str]:
