@@ -342,14 +342,15 @@ def run_pipeline(args: argparse.Namespace) -> None:
         from plugin_framework.spark import ForeachBatchStream
 
         ForeachBatchStream(spark, fn, dsn=args.dsn, slot=args.slot,
-                           publications=[PUBLICATION], checkpoint=str(work / "checkpoint"),
+                           publications=[args.publication],
+                           checkpoint=str(work / "checkpoint"),
                            max_rows=args.max_rows, endpos=args.endpos).run()
     else:
         from plugin_framework.spark.source import PgoutputDataSource
 
         spark.dataSource.register(PgoutputDataSource)
         query = (spark.readStream.format("pgoutput").option("dsn", args.dsn)
-                 .option("slot", args.slot).option("publication", PUBLICATION)
+                 .option("slot", args.slot).option("publication", args.publication)
                  .option("maxChangesPerBatch", str(args.max_rows)).load()
                  .writeStream.foreachBatch(fn)
                  .option("checkpointLocation", str(work / "spark-checkpoint"))
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpos")
     parser.add_argument("--max-rows", type=int, default=12000)
     parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--publication", default=PUBLICATION)
     run_pipeline(parser.parse_args(argv))
 
 

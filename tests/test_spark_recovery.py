@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,9 @@ TIMEOUT = 420
 
 
 def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
-           kill_at: int | None) -> subprocess.Popen[bytes]:
+           kill_at: int | None, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     args = [sys.executable, str(RUNNER), way, "--dsn", db.conninfo, "--slot", slot,
-            "--work", str(work)]
+            "--work", str(work), *extra]
     if endpos is not None:
         args += ["--endpos", endpos]
     if kill_at is not None:
@@ -95,3 +96,50 @@ def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: 
     assert_state_equals_tables(spark, db, str(work / "delta"), delta=True)
     assert_state_equals_tables(spark, db, str(work / "history"), history=True)
     assert_changelog_complete(spark, db, str(work / "log"), ref)
+
+
+def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
+        db: Any, tmp_path: Path) -> None:
+    """test_spark_mirror's random workload (key-change chains, TOAST kept, TRUNCATE, a FULL
+    table, ALTER TABLEs) in batches of 25 changes, the pipeline killed with SIGKILL in three
+    batches chosen at random (between two tables of the Delta state), started again each
+    time: the Delta state equals the tables, and the history their states after each
+    transaction."""
+    import random
+
+    from test_spark_mirror import SCHEMA as MIRROR_SCHEMA
+    from test_spark_mirror import assert_history, assert_mirrored, run_workload
+    from test_spark_mirror import table_rows as rows_of
+
+    with db.connect(autocommit=True) as conn:
+        conn.execute(MIRROR_SCHEMA)
+    slot = f"{db.dbname}_rk"
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+               (slot,))
+    points: list[tuple[int, set[Any], set[Any]]] = []
+
+    def record() -> None:
+        lsn = db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]
+        points.append((int(lsn), rows_of(db, "public.m_pk"), rows_of(db, "public.m_full")))
+
+    with db.connect(autocommit=True) as conn:
+        run_workload(conn, seed=9, transactions=60, record=record)
+    endpos = end_lsn(db)
+    extra = ["--publication", "mirror_pub", "--max-rows", "25"]
+    kills = sorted(random.Random(db.major_version).sample(range(1, 6), 3))
+    for kill_at in kills:
+        (tmp_path / "killme").unlink(missing_ok=True)
+        proc = _start("emitter", db, slot, tmp_path, endpos=endpos, kill_at=kill_at,
+                      extra=extra)
+        _wait(proc, tmp_path, "killme")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _wait_slot_free(db, slot)
+    proc = _start("emitter", db, slot, tmp_path, endpos=endpos, kill_at=None, extra=extra)
+    _wait(proc, tmp_path, "done")
+    assert proc.wait(60) == 0
+    batches = [int(x) for x in (tmp_path / "batches").read_text().split()]
+    assert all(k in batches for k in kills) and batches[-1] > kills[-1], (kills, batches)
+    assert_mirrored(None, db, str(tmp_path / "delta"), delta=True)
+    assert_history(db, str(tmp_path / "history"), points)
+
