@@ -260,13 +260,15 @@ def run_source(source: Source, assembly: Assembly | None = None, *,
     """Run ``source`` until endpos, a stop request or an error, then close ``assembly``.
 
     With ``handle_signals`` (and in the main thread), SIGINT and SIGTERM mean: finish the
-    transaction, acknowledge, return. ``status`` runs while the source does."""
+    transaction, acknowledge, return. ``status`` runs while the source does, and so does
+    the source's ``monitor`` (sources/monitor.py: slot warnings, heartbeats)."""
     previous: dict[signal.Signals, Any] = {}
 
     def stop(signum: int, frame: Any) -> None:
         log.info("signal %d: stopping after this transaction", signum)
         source.request_stop()
 
+    monitor = getattr(source, "monitor", None)
     try:
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -274,8 +276,12 @@ def run_source(source: Source, assembly: Assembly | None = None, *,
         if status is not None:
             status.start()
         try:
+            if monitor is not None:
+                monitor.start()
             source.run()
         finally:
+            if monitor is not None:
+                monitor.stop()
             if status is not None:
                 status.stop()
             for sig, handler in previous.items():

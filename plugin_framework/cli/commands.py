@@ -230,6 +230,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if args.source != "walsender":
         raise UsageError("capture records the replication stream: --source sql cannot be "
                          "captured")
+    if args.heartbeat is not None:
+        raise UsageError("--heartbeat is for stream and mirror: a capture records every "
+                         "message, and its replay would hand the heartbeats to the emitters")
     config = source_config(args)
     # A capture is one session's stream: after a reconnect the server sends again what was
     # not acknowledged, and a replay would see it twice, the first time cut short.

@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between acknowledgements (default 10)")
         p.add_argument("--no-reconnect", action="store_true",
                        help="exit instead of reconnecting when the connection drops")
+        p.add_argument("--heartbeat", type=positive_seconds, metavar="SECONDS",
+                       help="write a heartbeat message into the database every SECONDS, so "
+                            "that the slot of an idle database moves on (needs EXECUTE on "
+                            "pg_logical_emit_message; off by default)")
         p.add_argument("-q", "--quiet", action="store_true", help="no status line")
         p.add_argument("--log-format", choices=("text", "json"), default="text")
         p.add_argument("-v", "--verbose", action="store_true")
@@ -258,6 +262,10 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         if args.binary:
             raise UsageError("--snapshot-table needs text values (the chunk's keys are "
                              "matched with the stream's): leave out --binary")
+    heartbeat = getattr(args, "heartbeat", None)
+    if heartbeat is not None and args.source != "walsender":
+        raise UsageError("--heartbeat needs --source walsender (the SQL functions would hand "
+                         "the heartbeats to the emitters)")
     if not 1 <= workers <= 64:
         raise UsageError(f"--snapshot-workers must be between 1 and 64, not {workers}")
     try:
@@ -271,7 +279,7 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         status_interval=args.status_interval, create_slot=args.create_slot,
         slot_two_phase=args.two_phase, temporary_slot=args.temporary,
         reconnect=not args.no_reconnect, snapshot=snapshot, snapshot_workers=workers,
-        snapshot_tables=getattr(args, "snapshot_table", None) or (),
+        snapshot_tables=getattr(args, "snapshot_table", None) or (), heartbeat=heartbeat,
     )
 
 

@@ -1,42 +1,32 @@
 """Prometheus metrics of a running stream (``pgdecode stream --metrics-port PORT``), served
 by prometheus-client's HTTP server at ``/metrics`` (docs/operations.md lists them).
 
-Nothing is counted on the way of a change: the collector reads the source's progress and
-the pipeline's counters when it is scraped, and polls the slot's row of
-pg_replication_slots over an ordinary connection, at most every ``poll_interval``
-seconds, so that a busy scraper does not load the server.
+Nothing is counted on the way of a change beyond the pipeline's own counters: the
+collector reads the source's progress and the pipeline's counters when it is scraped, and
+the slot's row of pg_replication_slots that the source's SlotMonitor (monitor.py) polled
+over an ordinary connection, at most every 10 seconds, so that a busy scraper does not load
+the server.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
-
-from plugin_framework.sources.slots import slot_health
+from plugin_framework.sources.monitor import NEAR_LIMIT
 
 __all__ = ["StreamCollector", "serve_metrics"]
-
-log = logging.getLogger("pgdecode.metrics")
 
 _WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
 class StreamCollector:
     """A prometheus-client collector of one source (a WalsenderSource or SqlSource: its
-    ``progress``, ``pipeline`` and ``config``)."""
+    ``progress``, ``pipeline``, ``config`` and ``monitor``)."""
 
-    def __init__(self, source: Any, poll_interval: float = 10.0) -> None:
+    def __init__(self, source: Any) -> None:
         self.source = source
-        self.poll_interval = poll_interval
-        self._slot: dict[str, Any] | None = None
-        self._polled = -float("inf")
-        self._poll_errors = 0
-        self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -80,6 +70,13 @@ class StreamCollector:
                       budget.spilled_bytes)
         yield gauge("prepared_transactions", "prepared transactions held, awaiting their "
                     "outcome", pipeline.prepared_held)
+        tables = CounterMetricFamily(
+            "pgdecode_table_changes", "row changes of committed transactions delivered, and "
+            "TRUNCATEs, by table and op (insert, update, delete, truncate, snapshot)",
+            labels=["slot", "schema", "table", "op"])
+        for (schema, table, op), n in sorted(pipeline.delivered.copy().items()):
+            tables.add_metric([slot, schema, table, op], n)
+        yield tables
         snapshot = progress.snapshot
         if snapshot is not None:
             yield gauge("snapshot_tables", "tables the initial snapshot copies", snapshot.tables)
@@ -89,49 +86,40 @@ class StreamCollector:
         yield from self._slot_metrics(GaugeMetricFamily, CounterMetricFamily)
 
     def _slot_metrics(self, gauge: Any, counter: Any) -> Iterator[Any]:
-        row = self._poll()
+        monitor = self.source.monitor
+        row = monitor.poll()
         slot = self.source.config.slot
         errors = counter("pgdecode_slot_poll_errors", "failed reads of pg_replication_slots",
                          labels=["slot"])
-        errors.add_metric([slot], self._poll_errors)
+        errors.add_metric([slot], monitor.poll_errors)
         yield errors
+        if monitor.heartbeat is not None:
+            beats = counter("pgdecode_heartbeats", "heartbeat messages written (--heartbeat)",
+                            labels=["slot"])
+            beats.add_metric([slot], monitor.heartbeats)
+            yield beats
         if row is None:
             return
-        for name, key, text in (
-                ("slot_retained_bytes", "retained_bytes", "WAL the server keeps for the slot "
-                 "(its WAL position minus restart_lsn)"),
-                ("slot_lag_bytes", "lag_bytes", "the server's WAL position minus the slot's "
-                 "confirmed_flush_lsn"),
-                ("slot_safe_wal_size_bytes", "safe_wal_size", "WAL that can be written before "
-                 "the slot is in danger of invalidation (max_slot_wal_keep_size)")):
-            if row[key] is not None:
+        for name, value, text in (
+                ("slot_retained_bytes", row["retained_bytes"], "WAL the server keeps for the "
+                 "slot (its WAL position minus restart_lsn)"),
+                ("slot_lag_bytes", row["lag_bytes"], "the server's WAL position minus the "
+                 "slot's confirmed_flush_lsn"),
+                ("slot_safe_wal_size_bytes", row["safe_wal_size"], "WAL that can be written "
+                 "before the slot is in danger of invalidation (max_slot_wal_keep_size)"),
+                ("slot_wal_keep_limit_bytes", monitor.limit, "max_slot_wal_keep_size"),
+                ("slot_near_limit", int(monitor.warning is not None), "1 while less than "
+                 f"{NEAR_LIMIT:.0%} of max_slot_wal_keep_size is left, or the slot's WAL is "
+                 "past it (wal_status unreserved)")):
+            if value is not None:
                 metric = gauge(f"pgdecode_{name}", text, labels=["slot"])
-                metric.add_metric([slot], row[key])
+                metric.add_metric([slot], value)
                 yield metric
         status = gauge("pgdecode_slot_wal_status", "1 for the slot's wal_status",
                        labels=["slot", "status"])
         for value in _WAL_STATUSES:
             status.add_metric([slot, value], int(row["wal_status"] == value))
         yield status
-
-    def _poll(self) -> dict[str, Any] | None:
-        """The slot's pg_replication_slots row, read again when older than
-        ``poll_interval``; the last one read if the server cannot be asked."""
-        with self._lock:
-            if time.monotonic() - self._polled < self.poll_interval:
-                return self._slot
-            self._polled = time.monotonic()
-            config = self.source.config
-            try:
-                with psycopg.connect(config.conninfo, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute("SET default_transaction_read_only = on")
-                    rows = slot_health(conn, config.slot)
-                self._slot = rows[0] if rows else None
-            except psycopg.Error as exc:
-                self._poll_errors += 1
-                log.warning("metrics: cannot read pg_replication_slots: %s",
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-            return self._slot
 
 
 def serve_metrics(source: Any, port: int, address: str = "") -> Any:

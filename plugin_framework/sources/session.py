@@ -95,6 +95,9 @@ class SourceConfig:
     snapshot_workers: int = 2
     # tables to copy into the stream as it runs (incremental.py), e.g. "public.t"
     snapshot_tables: Sequence[str] = ()
+    # seconds between heartbeat messages written into the slot's database (monitor.py;
+    # walsender source only; None: none)
+    heartbeat: float | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ import psycopg
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.errors import SlotUnusable, SourceError, explain
+from plugin_framework.sources.monitor import SlotMonitor
 from plugin_framework.sources.session import (
     Progress,
     SourceConfig,
@@ -48,6 +49,10 @@ class SqlSource:
         self.progress = Progress()
         self._stop = threading.Event()
         self._started = False
+        if config.heartbeat is not None:
+            raise ValueError("heartbeats need the walsender source: the SQL functions' "
+                             "changes would carry them to the plugins")
+        self.monitor = SlotMonitor(config.conninfo, config.slot)
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -47,6 +47,7 @@ from plugin_framework.sources.errors import (
     invalidated_advice,
 )
 from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
+from plugin_framework.sources.monitor import SlotMonitor
 from plugin_framework.sources.replication import (
     ReplicationError,
     ReplicationStream,
@@ -112,6 +113,7 @@ class WalsenderSource:
         self._incremental: IncrementalSnapshot | None = None
         self._initial_resumed = False  # an initial copy cut short goes on incrementally
         self._copy_lsn = LSN(0)
+        self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
 
     def request_stop(self) -> None:
         """Finish the transaction being delivered, acknowledge, and return from run()."""

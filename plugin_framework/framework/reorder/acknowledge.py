@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plugin_framework.framework.reorder.buffer import ReorderBufferState
+from plugin_framework.framework.reorder.buffer import CHANGE_OPS, ReorderBufferState
 from plugin_framework.framework.reorder.txn import TxnState
 from plugin_framework.protocol import LSN
 
@@ -89,13 +89,26 @@ class Acknowledgement(ReorderBufferState):
             if lsn > done[i]:
                 done[i] = lsn
 
-    def _finish(self, state: TxnState, end_lsn: LSN) -> None:
+    def _finish(self, state: TxnState, end_lsn: LSN, *, committed: bool = True) -> None:
         """A transaction has its outcome, for every member: release it, mark every output
         at its end, count it."""
         self._close(state)
         self._mark(range(len(self.members)), end_lsn)
         self.transactions += 1
         self.last_commit_time = state.base.commit_time
+        if committed:
+            self._count(state)
+
+    def _count(self, state: TxnState) -> None:
+        """Add a committed transaction's changes to ``delivered`` (a streamed transaction's
+        include those of subtransactions it rolled back)."""
+        delivered = self.delivered
+        snapshot = state.base.is_snapshot
+        for (relid, tag), n in state.counts.items():
+            rel = state.relations.get(relid) or self.relations.get(relid)
+            op = "snapshot" if snapshot else CHANGE_OPS[tag]
+            key = (rel.namespace, rel.name, op) if rel is not None else ("", str(relid), op)
+            delivered[key] = delivered.get(key, 0) + n
 
     def _delivered(self, i: int, lsn: LSN | None) -> bool:
         """Whether member i already had the transaction whose commit (or prepare, or

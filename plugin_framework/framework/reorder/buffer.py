@@ -38,6 +38,10 @@ from plugin_framework.protocol import (
 )
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024  # logical_decoding_work_mem's default
+TRUNCATE_TAG = ord("T")
+# the op names of TxnState.counts' pgoutput tags, for Pipeline.delivered
+CHANGE_OPS = {ord("I"): "insert", ord("U"): "update", ord("D"): "delete",
+              TRUNCATE_TAG: "truncate"}
 INSERT, UPDATE, DELETE = Action.INSERT, Action.UPDATE, Action.DELETE
 
 
@@ -83,6 +87,9 @@ class ReorderBufferState:
         self.transactions = 0  # finished transactions (any outcome), for progress reports
         self.changes = 0
         self.last_commit_time: datetime | None = None  # of the last finished transaction
+        # row changes (and TRUNCATEd tables) of committed transactions, by (schema, table,
+        # op): insert, update, delete, truncate, snapshot (read by the metrics collector)
+        self.delivered: dict[tuple[str, str, str], int] = {}
 
     # --- a member's part of a transaction -------------------------------------------------------
 

@@ -30,7 +30,7 @@ from plugin_framework.framework.context import LogicalDecodingContext
 from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.outputs import FileOutput, Output
 from plugin_framework.framework.plugin import LoadedPlugin
-from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT
+from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT, TRUNCATE_TAG
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.streams import Streams
 from plugin_framework.framework.reorder.twophase import TwoPhase
@@ -63,6 +63,7 @@ from plugin_framework.protocol import (
 from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_MIN_SIZE, ROW_CHANGE_TAGS
 
 _UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
+_TAGS: dict[type, int] = {Insert: ord("I"), Update: ord("U"), Delete: ord("D")}
 
 
 class Pipeline(Streams, TwoPhase):
@@ -197,6 +198,9 @@ class Pipeline(Streams, TwoPhase):
                 # A row change of a streamed transaction that only goes to the spool: its rows
                 # are parsed once, at replay, not also now (a malformed one is reported then).
                 self.changes += 1
+                counts = stream.counts
+                key = (ID_AFTER_TAG.unpack_from(data, 5)[0], data[0])
+                counts[key] = counts.get(key, 0) + 1
                 stream.spool.append(lsn, ID_AFTER_TAG.unpack_from(data, 1)[0], True, data)
                 return
         else:
@@ -212,6 +216,9 @@ class Pipeline(Streams, TwoPhase):
                     if writers is _UNKNOWN:
                         writers = fast[relid] = self._fast_writers(state, relid)
                     if writers is not None:
+                        counts = state.counts
+                        key = (relid, data[0])
+                        counts[key] = counts.get(key, 0) + 1
                         self._fast_change(state, writers, data, lsn)
                         return
         message = self.decoder.decode(data)
@@ -277,7 +284,9 @@ class Pipeline(Streams, TwoPhase):
     def _on_change(self, m: Insert | Update | Delete, lsn: LSN, raw: bytes | None) -> None:
         self.changes += 1
         stream = self._stream
+        key = (m.relation_id, _TAGS[type(m)])
         if stream is not None:
+            stream.counts[key] = stream.counts.get(key, 0) + 1
             def args() -> tuple[Any, ...] | None:
                 change = self._change(m, lsn, stream)
                 return None if change is None else (change.relation, change)
@@ -287,6 +296,7 @@ class Pipeline(Streams, TwoPhase):
         state = self._txn
         if state is None or not state.started:
             state = self._current("change")
+        state.counts[key] = state.counts.get(key, 0) + 1
         live = state.live
         change = self._change(m, lsn, state) if live else None
         if change is not None:
@@ -298,6 +308,9 @@ class Pipeline(Streams, TwoPhase):
 
     def _on_truncate(self, m: Truncate, lsn: LSN, raw: bytes | None) -> None:
         stream = self._stream
+        counts = (stream if stream is not None else self._current("truncate")).counts
+        for relid in m.relation_ids:
+            counts[relid, TRUNCATE_TAG] = counts.get((relid, TRUNCATE_TAG), 0) + 1
         if stream is not None:
             self._stream_item(stream, lsn, m.xid, raw, "stream_truncate",
                               lambda: self._truncate_args(m, lsn, stream))
@@ -361,6 +374,7 @@ class Pipeline(Streams, TwoPhase):
             self.members[i].call("commit", lsn, 0, state.views[i], lsn)
         self._close(state)
         self.transactions += 1
+        self._count(state)
         if mark:
             self._mark(range(len(self.members)), lsn)
 

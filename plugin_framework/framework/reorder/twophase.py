@@ -73,7 +73,7 @@ class TwoPhase(Transactions, Replay):
             self.members[i].call("rollback_prepared", m.rollback_end_lsn, state.base.xid, view,
                                  m.prepare_end_lsn, m.prepare_time)
         self._stream_abort_held(state, m.rollback_end_lsn)
-        self._finish(state, m.rollback_end_lsn)
+        self._finish(state, m.rollback_end_lsn, committed=False)
 
     def _outcome_of(self, gid: str, xid: int, end_lsn: LSN) -> TxnState | None:
         """The prepared transaction a COMMIT or ROLLBACK PREPARED ends (None: never seen),

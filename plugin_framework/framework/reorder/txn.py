@@ -93,3 +93,6 @@ class TxnState:
     # callback: per relation id, each live member with its view and its formatter, or None
     # when no live member has a formatter for that relation.
     fast: dict[int, list[FastWriter] | None] | None = None
+    # row changes received, by (relation id, pgoutput tag), and TRUNCATEd relation ids: the
+    # pipeline's ``delivered`` counts once the transaction commits
+    counts: dict[tuple[int, int], int] = field(default_factory=dict)
