@@ -7,10 +7,11 @@ from typing import Any, Final
 
 import orjson
 
+from emitters.json.debezium import DebeziumEnvelope
 from emitters.json.fast import FAST_PATH_BUILT
-from emitters.json.options import OPTIONS
+from emitters.json.options import DEBEZIUM_OPTIONS, JSON_ONLY_OPTIONS, OPTIONS
 from emitters.json.relation import JsonRelationPlan, opaque_columns, row, row_mixed
-from emitters.options import parse_options
+from emitters.options import OptionError, parse_options
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework import KIND_BINARY
 from plugin_framework.pgtypes import TypeConverters
@@ -53,7 +54,7 @@ _NO_TXN: Final = b',"xid":null,"commit_lsn":null,"commit_time":null,"origin":nul
 class _State:
     """One decoding context's options, converters and per-relation plans."""
 
-    __slots__ = ("events", "last", "plans", "snapshot", "types")
+    __slots__ = ("envelope", "events", "last", "plans", "snapshot", "types")
 
     def __init__(self, options: dict[str, Any], catalog: Any) -> None:
         self.types = TypeConverters(numeric_as=options["numeric-as"], bytea=options["bytea"],
@@ -63,6 +64,7 @@ class _State:
         self.plans: dict[Any, JsonRelationPlan] = {}
         self.last: tuple[Any, JsonRelationPlan | None] = (None, None)
         self.snapshot = False  # the transaction begun last holds snapshot rows
+        self.envelope: DebeziumEnvelope | None = None  # -o envelope=debezium
 
     def plan(self, relation: Any) -> JsonRelationPlan:
         last, plan = self.last
@@ -82,8 +84,18 @@ class JsonEmitter(OutputPlugin):
     name = "json"
 
     def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
-        values = parse_options(OPTIONS, ctx.output_plugin_options or {})
-        ctx.output_plugin_private = _State(values, ctx.catalog)
+        given = ctx.output_plugin_options or {}
+        values = parse_options(OPTIONS, given)
+        state = ctx.output_plugin_private = _State(values, ctx.catalog)
+        if values["envelope"] == "debezium":
+            wrong = sorted(JSON_ONLY_OPTIONS.intersection(given))
+            if wrong:
+                raise OptionError(f'option "{wrong[0]}" does not apply to envelope=debezium')
+            state.envelope = DebeziumEnvelope(values, ctx.catalog, ctx.slot_name)
+        else:
+            wrong = sorted(DEBEZIUM_OPTIONS.intersection(given))
+            if wrong:
+                raise OptionError(f'option "{wrong[0]}" applies only to envelope=debezium')
         if not values["two-phase"]:
             ctx.twophase = False  # prepared transactions then arrive whole, at COMMIT PREPARED
 
@@ -91,9 +103,9 @@ class JsonEmitter(OutputPlugin):
         """The relation's C formatter (docs/framework.md, "fast_change"); None where the C
         module is not built, so every change goes through ``change``. It is asked once per
         transaction, after ``begin``: a snapshot transaction's gets the snapshot head."""
-        if not FAST_PATH_BUILT:
-            return None
         state = ctx.output_plugin_private
+        if not FAST_PATH_BUILT or state.envelope is not None:
+            return None
         plan = state.plan(relation)
         return plan.fast_snapshot() if state.snapshot else plan.fast
 
@@ -104,13 +116,20 @@ class JsonEmitter(OutputPlugin):
         ctx.emit(b'{"op":"' + op.encode() + b'"' + _txn_bytes(txn) + tail + b"}")
 
     def begin(self, ctx: Any, txn: Any) -> None:
+        envelope = ctx.output_plugin_private.envelope
+        if envelope is not None:
+            envelope.begin(txn)
+            return
         txn.output_plugin_private = _txn_fields(txn)
         ctx.output_plugin_private.snapshot = txn.is_snapshot
         if ctx.output_plugin_private.events:
             self._event(ctx, "begin", txn)
 
     def commit(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
-        if ctx.output_plugin_private.events:
+        envelope = ctx.output_plugin_private.envelope
+        if envelope is not None:
+            envelope.commit(txn)
+        elif ctx.output_plugin_private.events:
             self._event(ctx, "commit", txn, end_lsn=_lsn(txn.end_lsn))
 
     def begin_prepare(self, ctx: Any, txn: Any) -> None:
@@ -139,6 +158,10 @@ class JsonEmitter(OutputPlugin):
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         state = ctx.output_plugin_private
+        if state.envelope is not None:
+            for line in state.envelope.change(txn, relation, change):
+                ctx.emit(line)
+            return
         last, plan = state.last
         if relation is not last or plan is None:
             plan = state.plan(relation)
@@ -178,6 +201,10 @@ class JsonEmitter(OutputPlugin):
     def truncate(self, ctx: Any, txn: Any, relations: Any, change: Any) -> None:
         """One line per table, all with the statement's LSN, cascade and restart_identity."""
         state = ctx.output_plugin_private
+        if state.envelope is not None:
+            for line in state.envelope.truncate(txn, relations, int(change.lsn)):
+                ctx.emit(line)
+            return
         tail = (b',"lsn":"' + str(change.lsn).encode() + b'"' + _txn_bytes(txn)
                 + b',"cascade":' + (b"true" if change.cascade else b"false")
                 + b',"restart_identity":' + (b"true" if change.restart_identity else b"false")
@@ -188,6 +215,10 @@ class JsonEmitter(OutputPlugin):
     def message(self, ctx: Any, txn: Any, message_lsn: LSN, transactional: bool, prefix: str,
                 message: bytes) -> None:
         content = bytes(message)
+        envelope = ctx.output_plugin_private.envelope
+        if envelope is not None:
+            ctx.emit(envelope.message(txn, int(message_lsn), prefix, content))
+            return
         try:
             text, encoding = content.decode(), "utf-8"
         except UnicodeDecodeError:

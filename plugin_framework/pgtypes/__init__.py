@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from plugin_framework.pgtypes.binary import pg_float8_text
 from plugin_framework.pgtypes.converters import NATIVE_KIND, TypeConverters
-from plugin_framework.pgtypes.datetimes import iso_interval, timestamptz_to_str
+from plugin_framework.pgtypes.datetimes import (
+    civil_date,
+    epoch_days,
+    epoch_micros,
+    interval_parts,
+    iso_interval,
+    time_micros,
+    timestamptz_to_str,
+)
 from plugin_framework.pgtypes.format_type import (
     TypeNames,
     format_type,
@@ -34,9 +42,26 @@ from plugin_framework.pgtypes.quote import (
 from plugin_framework.pgtypes.text import Converter, parse_array_text
 
 __all__ = [
-    "NATIVE_KIND", "TYPNAMES",
-    "VERSIONED_KEYWORDS", "Converter", "TypeConverters", "TypeNames", "format_type",
-    "format_type_be", "format_type_sql", "iso_interval", "parse_array_text", "pg_float8_text",
-    "quote_ident_always", "quote_identifier", "quote_literal", "quote_standard_literal",
+    "NATIVE_KIND",
+    "TYPNAMES",
+    "VERSIONED_KEYWORDS",
+    "Converter",
+    "TypeConverters",
+    "TypeNames",
+    "civil_date",
+    "epoch_days",
+    "epoch_micros",
+    "format_type",
+    "format_type_be",
+    "format_type_sql",
+    "interval_parts",
+    "iso_interval",
+    "parse_array_text",
+    "pg_float8_text",
+    "quote_ident_always",
+    "quote_identifier",
+    "quote_literal",
+    "quote_standard_literal",
+    "time_micros",
     "timestamptz_to_str",
 ]

@@ -19,11 +19,16 @@ __all__ = [
     "b_timestamp_text",
     "b_timestamptz_text",
     "b_timetz_text",
+    "civil_date",
+    "epoch_days",
+    "epoch_micros",
+    "interval_parts",
     "iso_interval",
     "t_interval",
     "t_timestamp",
     "t_timestamptz",
     "t_timetz",
+    "time_micros",
     "timestamptz_to_str",
 ]
 
@@ -74,6 +79,13 @@ def t_interval(raw: bytes) -> str:
     """PostgreSQL's default (``postgres``) interval text as IntervalStyle ``iso_8601`` would
     print it; any other text (other IntervalStyles, infinity) as the server wrote it."""
     text = raw.decode()
+    parts = interval_parts(text)
+    return text if parts is None else iso_interval(*parts)
+
+
+def interval_parts(text: str) -> tuple[int, int, int] | None:
+    """The months, days and microseconds of an interval in PostgreSQL's default
+    (``postgres``) IntervalStyle; None for any other text (other styles, infinity)."""
     months = days = micros = 0
     parts = text.split(" ")
     i = 0
@@ -83,7 +95,7 @@ def t_interval(raw: bytes) -> str:
             if ":" in part:
                 m = _INTERVAL_TIME.fullmatch(part)
                 if m is None:
-                    return text
+                    return None
                 value = ((int(m[2]) * 60 + int(m[3])) * 60 + int(m[4])) * 1_000_000
                 value += int((m[5] or "0").ljust(6, "0"))
                 micros += -value if m[1] == "-" else value
@@ -96,8 +108,55 @@ def t_interval(raw: bytes) -> str:
                 months += number * _INTERVAL_UNITS[unit]
             i += 2
     except (ValueError, KeyError, IndexError):
-        return text
-    return iso_interval(months, days, micros)
+        return None
+    return months, days, micros
+
+
+# --- the server's text -> numbers: days and microseconds from 1970-01-01 ------------------------
+
+_ISO_DATE: Final = re.compile(r"(\d{4,})-(\d\d)-(\d\d)")
+_ISO_TIME: Final = re.compile(
+    r"(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(?:([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?)?")
+
+
+def epoch_days(text: str) -> int | None:
+    """A date's text (DateStyle ISO, ``YYYY-MM-DD[ BC]``) as days from 1970-01-01; None for
+    infinity or any other text."""
+    bc = text.endswith(" BC")
+    m = _ISO_DATE.fullmatch(text[:-3] if bc else text)
+    if m is None:
+        return None
+    year = int(m[1])
+    return _civil_days(1 - year if bc else year, int(m[2]), int(m[3]))
+
+
+def time_micros(text: str) -> tuple[int, int | None] | None:
+    """A time's or timetz's text as microseconds from midnight, and its UTC offset in seconds
+    east (None: a time without zone); None for any other text."""
+    m = _ISO_TIME.fullmatch(text)
+    if m is None:
+        return None
+    micros = ((int(m[1]) * 60 + int(m[2])) * 60 + int(m[3])) * 1_000_000
+    micros += int((m[4] or "0").ljust(6, "0"))
+    if m[5] is None:
+        return micros, None
+    offset = (int(m[6]) * 60 + int(m[7] or 0)) * 60 + int(m[8] or 0)
+    return micros, -offset if m[5] == "-" else offset
+
+
+def epoch_micros(text: str) -> int | None:
+    """A timestamp's or timestamptz's text (DateStyle ISO) as microseconds from 1970-01-01
+    (a timestamptz's in UTC); None for infinity or any other text."""
+    bc = text.endswith(" BC")
+    if bc:
+        text = text[:-3]
+    date, _, clock = text.partition(" ")
+    days = epoch_days(date + " BC" if bc else date)
+    parts = time_micros(clock)
+    if days is None or parts is None:
+        return None
+    micros, offset = parts
+    return days * _DAY_US + micros - (offset or 0) * 1_000_000
 
 
 def _trunc_divmod(a: int, b: int) -> tuple[int, int]:
@@ -137,7 +196,7 @@ def iso_interval(months: int, days: int, micros: int) -> str:
 # --- binary format: the send format -> the server's text --------------------------------------
 
 
-def _civil(days: int) -> tuple[int, int, int]:
+def civil_date(days: int) -> tuple[int, int, int]:
     """Year, month, day of a day count from 1970-01-01, proleptic Gregorian, year 0 = 1 BC."""
     z = days + 719468
     era = z // 146097
@@ -150,9 +209,19 @@ def _civil(days: int) -> tuple[int, int, int]:
     return yoe + era * 400 + (m <= 2), m, d
 
 
+def _civil_days(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 of a proleptic Gregorian date, year 0 = 1 BC (civil_date's inverse)."""
+    year -= month <= 2
+    era = year // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
 def _date_parts(days: int) -> tuple[str, bool]:
     """A PostgreSQL date (days from 2000-01-01) as ``YYYY-MM-DD`` and whether it is BC."""
-    y, m, d = _civil(days + _PG_EPOCH_DAYS)
+    y, m, d = civil_date(days + _PG_EPOCH_DAYS)
     bc = y <= 0
     return f"{1 - y if bc else y:04d}-{m:02d}-{d:02d}", bc
 
