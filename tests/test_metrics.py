@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
 from streamkit import free_port, scrape, start_cli, stop_process, wait_for
 
 ROWS = 20_000
@@ -79,3 +80,40 @@ def test_metrics_show_spill_lag_and_the_slot(db: Any, tmp_path: Path) -> None:
     finally:
         assert stop_process(proc, signal.SIGTERM) == 0, log.read_text()[-2000:]
     assert (tmp_path / "out.jsonl").read_text().count('{"op":"insert"') == ROWS
+
+
+def test_the_spark_data_source_serves_metrics_while_its_query_runs(
+        db: Any, spark: Any, tmp_path: Path) -> None:
+    from plugin_framework.spark import PgoutputDataSource
+
+    slot = f"{db.dbname}_source_metrics"
+    db.execute("CREATE TABLE s (id int PRIMARY KEY, v text)")
+    db.execute("CREATE PUBLICATION source_pub FOR TABLE s")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)", (slot,))
+    spark.dataSource.register(PgoutputDataSource)
+    port = free_port()
+    rows: list[int] = []
+    query = (spark.readStream.format("pgoutput").option("dsn", db.conninfo)
+             .option("slot", slot).option("publication", "source_pub")
+             .option("metricsPort", str(port)).option("metricsAddress", "127.0.0.1").load()
+             .writeStream.foreachBatch(lambda df, _: rows.append(df.count()))
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(processingTime="1 second").start())
+    try:
+        db.execute("INSERT INTO s SELECT g, 'v' FROM generate_series(1, 50) g")
+        db.execute("UPDATE s SET v = 'w' WHERE id <= 5")
+        db.execute("DELETE FROM s WHERE id = 50")
+        final = wait_for(lambda: sum(rows) == 56 and scrape(port), timeout=120, interval=0.5,
+                         what="the three transactions' batches")
+        assert final["pgdecode_changes_total"] == 56
+        assert {k: v for k, v in final.items() if k.startswith("pgdecode_table_changes")} == {
+            f"pgdecode_table_changes_total{{op={op},schema=public,table=s}}": n
+            for op, n in (("insert", 50), ("update", 5), ("delete", 1))}
+        assert final["pgdecode_batches_total"] >= 1
+        confirmed = int(db.execute("SELECT confirmed_flush_lsn - '0/0' FROM "
+                                   "pg_replication_slots WHERE slot_name = %s", (slot,))[0][0])
+        assert final["pgdecode_acknowledged_lsn"] == confirmed
+        assert final["pgdecode_slot_wal_status{status=reserved}"] == 1
+    finally:
+        query.stop()
+    assert scrape(port) == {}  # served by the query's reader, and gone with it

@@ -26,7 +26,8 @@ much WAL without changes for us lets an empty batch move the slot on), ``protoVe
 ``streaming`` (on), ``snapshot`` (``never``, or ``initial``: a query that starts without a
 checkpoint first copies the published tables into the stream, see source_snapshot.py),
 ``snapshotTables`` (comma-separated: the tables to copy, default all published),
-``snapshotChunkRows`` (10000: rows per chunk, one chunk per batch).
+``snapshotChunkRows`` (10000: rows per chunk, one chunk per batch), ``metricsPort`` and
+``metricsAddress`` (Prometheus metrics of the stream while it runs, source_metrics.py).
 
 ``spark.read.format("pgoutput")`` reads what the slot holds now without consuming it (a
 peek), with the same options.
@@ -62,6 +63,7 @@ from plugin_framework.sources.session import (
 )
 from plugin_framework.sources.slots import create_slot, list_slots
 from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+from plugin_framework.spark.source_metrics import SourceMetrics
 from plugin_framework.spark.source_options import SourceOptionError, SourceOptions
 from plugin_framework.spark.source_snapshot import (
     Make,
@@ -306,6 +308,18 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cache: dict[tuple[str, str], pa.Table | None] = {}
         self._target: LSN | None = None
         self._snapshot = SourceSnapshot(options)
+        self._metrics: SourceMetrics | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark ships the reader to its executors for read(): the metrics stay here
+        return {**self.__dict__, "_metrics": None}
+
+    def _metered(self) -> SourceMetrics | None:
+        """The metrics, served from the first batch planned on: Spark makes readers that
+        never stream (to analyze the query), and those must not hold the port."""
+        if self._metrics is None and self.opts.metrics_port is not None:
+            self._metrics = SourceMetrics.serve(self.opts)
+        return self._metrics
 
     def initialOffset(self) -> dict[str, Any]:
         position = slot_position(self.opts)
@@ -372,6 +386,9 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             make = None if chunk is None else self._snapshot.replay(chunk)
             table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"]),
                                 snapshot=make).table
+        metrics = self._metered()
+        if metrics is not None:
+            metrics.batch(end["lsn"], table)
         return _partitions(table, self.opts.rows_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -379,9 +396,15 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         advance_slot(self.opts, LSN(end.get("ack", end["lsn"])))
+        metrics = self._metered()
+        if metrics is not None:
+            metrics.committed(end)
 
     def stop(self) -> None:
         self._cache.clear()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
 
 class PgoutputBatchReader(DataSourceReader):

@@ -21,6 +21,13 @@ def _bool(text: str | None, default: bool) -> bool:
     raise SourceOptionError(f"expected true or false, not {text!r}")
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise SourceOptionError(f"metricsPort must be between 1 and 65535, not {port}")
+    return port
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     dsn: str
@@ -35,6 +42,8 @@ class SourceOptions:
     snapshot: str = "never"
     snapshot_tables: tuple[str, ...] = ()
     snapshot_chunk_rows: int = 10_000
+    metrics_port: int | None = None  # serve Prometheus metrics (source_metrics.py)
+    metrics_address: str = ""
 
     @classmethod
     def parse(cls, options: Any) -> SourceOptions:
@@ -49,6 +58,7 @@ class SourceOptions:
             raise SourceOptionError('the pgoutput source needs .option("publication", ...)')
         max_changes = get("maxChangesPerBatch")
         proto = get("protoVersion")
+        port = get("metricsPort")
         snapshot = (get("snapshot") or "never").strip().lower()
         if snapshot not in ("never", "initial"):
             raise SourceOptionError(
@@ -68,6 +78,8 @@ class SourceOptions:
                 snapshot_tables=tuple(t.strip() for t in (get("snapshotTables") or "").split(",")
                                       if t.strip()),
                 snapshot_chunk_rows=max(1, int(get("snapshotChunkRows") or 10_000)),
+                metrics_port=_port(port) if port else None,
+                metrics_address=get("metricsAddress") or "",
             )
         except ValueError as exc:
             raise SourceOptionError(f"bad pgoutput source option: {exc}") from None
