@@ -13,6 +13,7 @@ docs/debezium-envelope.schema.json.
 
 from __future__ import annotations
 
+import binascii
 import json
 import struct
 import subprocess
@@ -204,3 +205,31 @@ def test_envelope_options_are_checked(db: Any, tmp_path: Path, options: list[str
                         *options, "-E", str(current_lsn(db.conninfo)), env=cli_env())
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_snapshot_rows_are_read_events(db: Any, tmp_path: Path) -> None:
+    """``--snapshot`` rows come as Debezium's snapshot reads: op ``r``, source.snapshot
+    ``"true"``, no before; the rows equal the table's, in Debezium's values."""
+    db.execute("CREATE TABLE snap (id int PRIMARY KEY, d date, n numeric(6,2), t text)")
+    db.execute("INSERT INTO snap SELECT g, DATE '2024-01-01' + g, g / 4.0, 'row ' || g "
+               "FROM generate_series(1, 300) g")
+    db.execute("CREATE PUBLICATION snap_pub FOR TABLE snap")
+    out = tmp_path / "snap.jsonl"
+    result = run_stream(db.conninfo, f"{db.dbname}_snap", out, "--publication", "snap_pub",
+                        "--create-slot", "--snapshot", "only", "-o", "envelope=debezium",
+                        env=cli_env())
+    assert result.returncode == 0, result.stderr
+    lines = read_lines(out)
+    validator = Draft202012Validator(SCHEMA)
+    assert all(validator.is_valid(line) for line in lines)
+    assert {(e["op"], e["source"]["snapshot"], e["source"]["txId"]) for e in lines} == \
+        {("r", "true", None)}
+    assert all(e["before"] is None and e["source"]["name"] == f"{db.dbname}_snap"
+               and e["source"]["db"] == db.dbname for e in lines)
+    rows = db.execute("SELECT id, d - DATE '1970-01-01', (n * 100)::int, t FROM snap")
+    assert sorted((e["after"]["id"], e["after"]["d"], e["after"]["n"], e["after"]["t"])
+                  for e in lines) == sorted(
+        (i, days, binascii.b2a_base64(  # positive: Java's shortest two's complement
+            cents.to_bytes(cents.bit_length() // 8 + 1, "big", signed=True),
+            newline=False).decode(), text)
+        for i, days, cents, text in rows)
