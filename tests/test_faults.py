@@ -634,6 +634,26 @@ def test_error_slot_invalidated(pg: LocalCluster, env: dict[str, str],
 
 
 @SOURCES
+def test_error_slot_invalidated_for_idleness(pg: LocalCluster, env: dict[str, str],
+                                            source_kind: str) -> None:
+    """PostgreSQL 18 invalidates a slot idle longer than idle_replication_slot_timeout."""
+    if pg.major_version < 18:
+        pytest.skip("idle_replication_slot_timeout is new in PostgreSQL 18")
+    with LocalCluster(pg.bindir, settings={"idle_replication_slot_timeout": "1s"}) as cluster:
+        conninfo = cluster.conninfo()
+        make_table(conninfo)
+        create_slot(conninfo, "idle")
+        insert(conninfo, 1, 10)
+        wait_for(lambda: query(conninfo, "CHECKPOINT") is not None and (
+            slot_row(conninfo, "idle") or {}).get("wal_status") == "lost",
+            timeout=30, interval=0.5, what="the idle slot to be invalidated")
+        message = stream_error(conninfo, env, slot="idle", source_kind=source_kind, status=3)
+        assert '"idle"' in message and "invalidated" in message
+        assert "pgdecode slot drop -S idle" in message
+        assert "raise idle_replication_slot_timeout" in message
+
+
+@SOURCES
 def test_error_publication_missing(db: Any, env: dict[str, str], source_kind: str) -> None:
     make_table(db.conninfo)
     create_slot(db.conninfo, f"{db.dbname}_pub")
