@@ -28,7 +28,13 @@ from plugin_framework.pgtypes.oids import (
     ANYNONARRAY,
     ANYRANGE,
 )
-from plugin_framework.rowfilter.casemap import CaseMap, cached, table_query
+from plugin_framework.rowfilter.casemap import (
+    CaseMap,
+    cached,
+    chunked_query,
+    table_query,
+    table_rows,
+)
 from plugin_framework.rowfilter.errors import NotSupportedError
 
 FIRST_NORMAL_OBJECT_ID = 16384  # user-defined objects have OIDs from here (transam.h)
@@ -357,7 +363,10 @@ class TypeCatalog:
         key = (self.server_version, started, coll.provider, locale, version)
 
         def load() -> CaseMap:
-            rows = self._rows(table_query(clause))
+            if coll.provider == "b":
+                rows = self._rows(table_query(clause))
+            else:
+                rows = table_rows(self._rows(chunked_query(clause)))
             return CaseMap.from_rows(coll.provider, locale, rows)
 
         def server(function: str, s: str) -> str:
