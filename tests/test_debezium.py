@@ -43,10 +43,13 @@ UNREPRESENTABLE = {("alltypes", "c_date"), ("alltypes", "c_timestamp"),
 FLOAT4 = {"c_float4"}
 
 EXTRA = """
+CREATE DOMAIN cents AS numeric(10,2);
+CREATE DOMAIN millis AS timestamp(3);
 CREATE TABLE extra (id int PRIMARY KEY, n_trail numeric, n_neg numeric(6,2),
     tz0 timestamptz(0), tz1 timestamptz(1), ts3 timestamp(3), t3 time(3), tz_big timestamptz,
     b16 bit(16), vb varbit, na numeric(5,2)[], ta text[], big text, ba bytea, ia int[],
-    ua uuid[], ttz timetz, iv interval, f4 real);
+    ua uuid[], ttz timetz, iv interval, f4 real, dn cents, dts millis, pa posint[],
+    vb1 varbit(1), iv_small interval);
 ALTER TABLE extra ALTER COLUMN big SET STORAGE EXTERNAL, ALTER COLUMN ba SET STORAGE EXTERNAL,
     ALTER COLUMN ia SET STORAGE EXTERNAL, ALTER COLUMN ta SET STORAGE EXTERNAL,
     ALTER COLUMN ua SET STORAGE EXTERNAL;
@@ -61,7 +64,8 @@ def _extra_rows(conn: psycopg.Connection[Any]) -> None:
         "'12345-01-01 00:00+00', B'0000000000000001', B'10100000', '{1.5,-2}', "
         "ARRAY[repeat('t', 5000)], repeat('x', 5000), decode(repeat('ab', 5000), 'hex'), "
         "array_fill(7, ARRAY[2000]), array_fill('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, "
-        "ARRAY[500]), '13:14:15.5+05:30', '-1 year -2 mons +3 days -04:05:06.5', 3.4028235e38)")
+        "ARRAY[500]), '13:14:15.5+05:30', '-1 year -2 mons +3 days -04:05:06.5', 3.4028235e38, "
+        "12.50, '2024-01-01 00:00:00.123', '{1,2}', B'1', '-00:00:00.000249')")
     # every TOASTed column unchanged: the placeholder in each type's form
     conn.execute("UPDATE extra SET n_trail = 100 WHERE id = 1")
     conn.execute("UPDATE extra SET f4 = 1e-10, iv = '1 day 00:00:00.000001' WHERE id = 1")
@@ -148,7 +152,7 @@ def test_events_equal_debeziums(decoded: Any, db: Any) -> None:
                     _check_documented(table, column, part, row, expected)
     # each documented difference happened, so none of the checks above is vacuous
     assert differences == ({("alltypes", c) for c in DROPPED_BY_DEBEZIUM | {"c_name"}}
-                           | UNREPRESENTABLE | {("ri_index", "id")})
+                           | UNREPRESENTABLE | {("ri_index", "id"), ("extra", "pa")})
 
 
 def _check_documented(table: str, column: str, part: str, row: dict[str, Any],
@@ -156,6 +160,8 @@ def _check_documented(table: str, column: str, part: str, row: dict[str, Any],
     """A difference must be one that docs/json-format.md lists, and be what it says."""
     if column in DROPPED_BY_DEBEZIUM:
         assert column not in expected and isinstance(row[column], str | None), (column, row)
+    elif (table, column) == ("extra", "pa"):  # an array of a domain: Debezium leaves it out
+        assert column not in expected and row[column] == [1, 2]
     elif column == "c_name":  # Debezium has no value for type name: null
         assert expected[column] is None and isinstance(row[column], str)
     elif (table, column) in UNREPRESENTABLE:

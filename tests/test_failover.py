@@ -18,6 +18,8 @@ from streamkit import cli_env, current_lsn, query, read_lines, run_cli, run_stre
 from plugin_framework.cluster import LocalCluster, server_major_version
 from plugin_framework.protocol import LSN
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(params=BINDIRS, ids=[f"pg{server_major_version(b)}" for b in BINDIRS])
 def primary_and_standby(request: pytest.FixtureRequest) -> Any:

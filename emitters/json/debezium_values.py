@@ -67,7 +67,7 @@ __all__ = ["Unrepresentable", "column_converter", "placeholder_value"]
 Converter = Callable[[bytes], Any]
 
 _DAY_US: Final = 86_400_000_000
-_MONTH_US: Final = 2_629_800_000_000  # Debezium's average month, 365.25 / 12 days
+_DAYS_PER_MONTH: Final = 365.25 / 12  # Debezium's average month
 _SPECIAL_FLOATS: Final = {b"NaN": "NaN", b"Infinity": "Infinity", b"-Infinity": "-Infinity"}
 _MONEY: Final = re.compile(r"(-?)\$?([\d,]*\d)\.(\d\d)")
 _WKB_POINT: Final = struct.Struct("<BIdd")
@@ -205,13 +205,27 @@ def _timetz(raw: bytes) -> str:
     return text + "Z"
 
 
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // b
+    return -q if a < 0 else q
+
+
 def _interval(raw: bytes) -> int:
-    """Debezium's MicroDuration: a month is 30.4375 days."""
+    """Debezium's MicroDuration, computed as it does: from pgjdbc's PGInterval fields, in
+    doubles (a month is 30.4375 days), truncated; so ``00:00:00.000249`` is 248."""
     parts = interval_parts(raw.decode())
     if parts is None:
         raise Unrepresentable(f"interval {raw.decode()} is not in IntervalStyle postgres")
     months, days, micros = parts
-    return months * _MONTH_US + days * _DAY_US + micros
+    years = _trunc_div(months, 12)
+    hours = _trunc_div(micros, 3_600_000_000)
+    rest = micros - hours * 3_600_000_000
+    minutes = _trunc_div(rest, 60_000_000)
+    rest -= minutes * 60_000_000
+    whole = _trunc_div(rest, 1_000_000)
+    seconds = whole + (rest - whole * 1_000_000) / 1e6
+    total_days = (years * 12 + (months - years * 12)) * _DAYS_PER_MONTH + days
+    return int(((((total_days * 24 + hours) * 60) + minutes) * 60 + seconds) * 1e6)
 
 
 def _bits(raw: bytes) -> str:
@@ -235,7 +249,18 @@ def _bytea(raw: bytes) -> str:
 
 def _array(element: Converter) -> Converter:
     def convert(raw: bytes) -> list[Any]:
-        values = parse_array_text(raw, element)
+        refused: list[Unrepresentable] = []
+
+        def one(value: bytes) -> Any:
+            try:
+                return element(value)
+            except Unrepresentable as exc:  # parse_array_text calls any error malformed
+                refused.append(exc)
+                return None
+
+        values = parse_array_text(raw, one)
+        if refused:
+            raise Unrepresentable(f"an element of the array: {refused[0]}")
         if any(isinstance(v, list) for v in values):
             raise Unrepresentable("a multidimensional array has no Debezium value")
         return values
@@ -268,10 +293,8 @@ def _scalar(oid: int, typmod: int) -> Converter:
         return _timetz
     if oid == INTERVAL:
         return _interval
-    if oid == BIT:
+    if oid in (BIT, VARBIT):  # one bit is a boolean, as Debezium's schema makes it
         return (lambda raw: raw == b"1") if typmod == 1 else _bits
-    if oid == VARBIT:
-        return _bits
     if oid == POINT:
         return _point
     return bytes.decode  # text, varchar, uuid, json, jsonb, inet, ranges, ...: their text
@@ -285,13 +308,30 @@ def _numeric_scale(typmod: int) -> int:
 def column_converter(types: TypeConverters, type_oid: int, type_name: str | None,
                      typmod: int) -> Converter:
     """The converter of a column's text values (enums and unknown types: their text;
-    domains: their base type's)."""
+    domains: their base type's, with the domain's type modifier)."""
     kind, oid = types.resolve(type_oid, type_name)
     if kind == "array":
-        return _array(_scalar(oid, typmod) if oid else bytes.decode)  # the typmod is the elements'
+        if not oid:
+            return _array(bytes.decode)
+        element_kind, element = types.resolve(oid)
+        if element_kind != "builtin":
+            return _array(bytes.decode)
+        # an array column's typmod is its elements'; a domain element brings its own
+        return _array(_scalar(element, typmod if element == oid else _domain_typmod(types, oid)))
     if kind != "builtin":
         return bytes.decode
+    if oid != type_oid and typmod < 0:  # a domain: numeric(10,2), timestamp(3)...
+        typmod = _domain_typmod(types, type_oid)
     return _scalar(oid, typmod)
+
+
+def _domain_typmod(types: TypeConverters, domain: int) -> int:
+    """The type modifier a domain gives its base type (-1 without the catalog)."""
+    if types.catalog is None:
+        return -1
+    rows = types.catalog.query("SELECT typtypmod FROM pg_catalog.pg_type WHERE oid = %s",
+                               (domain,))
+    return int(rows[0][0]) if rows else -1
 
 
 def placeholder_value(types: TypeConverters, type_oid: int, type_name: str | None,

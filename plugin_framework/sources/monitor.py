@@ -40,6 +40,9 @@ _HEARTBEAT_PREFIX = "pgdecode"  # the prefix the walsender source swallows (incr
 def near_limit(row: dict[str, Any], limit: int | None) -> str | None:
     """Why the slot of ``row`` (slot_health) is in danger of invalidation by
     ``max_slot_wal_keep_size`` (``limit`` bytes; None: unlimited), or None."""
+    if row.get("wal_status") == "lost":
+        return ("its WAL was removed past max_slot_wal_keep_size: it is invalidated, and the "
+                "stream cannot go on from it")
     if row.get("wal_status") == "unreserved":
         return ("its WAL is past max_slot_wal_keep_size: the server will invalidate it at a "
                 "checkpoint unless the consumer catches up first")
@@ -76,6 +79,7 @@ class SlotMonitor:
         and beat in a daemon thread until ``stop()``."""
         if self.heartbeat is not None:
             try:
+                self._refuse_a_standby()
                 self._write_heartbeat()
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise SourceError(
@@ -85,8 +89,8 @@ class SlotMonitor:
                     "--heartbeat") from None
             except psycopg.errors.ReadOnlySqlTransaction as exc:
                 raise SourceError(f"--heartbeat: {_first_line(exc)}. A heartbeat is written "
-                                  "into the database, which must accept writes (not a "
-                                  "standby's): leave out --heartbeat") from None
+                                  "into the database, which must accept writes: leave out "
+                                  "--heartbeat") from None
             except psycopg.Error as exc:  # the stream itself says what is wrong, and retries
                 log.warning("slot %s: cannot write a heartbeat: %s", self.slot,
                             _first_line(exc))
@@ -140,8 +144,11 @@ class SlotMonitor:
             return self.row
 
     def _judge(self) -> None:
-        """Warn once when the slot comes near its limit; say so when it is no longer."""
-        danger = None if self.row is None else near_limit(self.row, self.limit)
+        """Warn once when the slot comes near its limit (or is lost); say so when it is no
+        longer. A slot not found says nothing either way: the stream reports that."""
+        if self.row is None:
+            return
+        danger = near_limit(self.row, self.limit)
         if danger is not None and self.warning is None:
             log.warning('slot "%s": %s. Let the consumer catch up, or raise '
                         "max_slot_wal_keep_size; an invalidated slot must be dropped and the "
@@ -149,6 +156,14 @@ class SlotMonitor:
         elif danger is None and self.warning is not None:
             log.info('slot "%s": no longer near max_slot_wal_keep_size', self.slot)
         self.warning = danger
+
+    def _refuse_a_standby(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        if row is not None and row[0]:
+            raise SourceError("--heartbeat: the server is a standby, where nothing can be "
+                              "written; the heartbeats go to the primary (or leave out "
+                              "--heartbeat)")
 
     def _write_heartbeat(self) -> None:
         self._beat = time.monotonic()

@@ -96,15 +96,14 @@ class Acknowledgement(ReorderBufferState):
         self._mark(range(len(self.members)), end_lsn)
         self.transactions += 1
         self.last_commit_time = state.base.commit_time
-        if committed:
-            self._count(state)
+        if committed and (state.live or state.held or state.streamed_held):
+            self._count(state)  # not a re-send that every member already had
 
     def _count(self, state: TxnState) -> None:
-        """Add a committed transaction's changes to ``delivered`` (a streamed transaction's
-        include those of subtransactions it rolled back)."""
+        """Add a committed transaction's changes to ``delivered``."""
         delivered = self.delivered
         snapshot = state.base.is_snapshot
-        for (relid, tag), n in state.counts.items():
+        for (_, relid, tag), n in state.counts.items():
             rel = state.relations.get(relid) or self.relations.get(relid)
             op = "snapshot" if snapshot else CHANGE_OPS[tag]
             key = (rel.namespace, rel.name, op) if rel is not None else ("", str(relid), op)

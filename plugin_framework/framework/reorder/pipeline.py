@@ -63,6 +63,7 @@ from plugin_framework.protocol import (
 from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_MIN_SIZE, ROW_CHANGE_TAGS
 
 _UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
+STREAMED_CHANGE_MIN_SIZE = ROW_CHANGE_MIN_SIZE + ID_AFTER_TAG.size  # the tag, xid, relation id
 _TAGS: dict[type, int] = {Insert: ord("I"), Update: ord("U"), Delete: ord("D")}
 
 
@@ -194,14 +195,15 @@ class Pipeline(Streams, TwoPhase):
         stream = self._stream
         if stream is not None:
             if stream.in_block and not stream.live and stream.spool is not None \
-                    and len(data) >= ROW_CHANGE_MIN_SIZE and data[0] in ROW_CHANGE_TAGS:
+                    and len(data) >= STREAMED_CHANGE_MIN_SIZE and data[0] in ROW_CHANGE_TAGS:
                 # A row change of a streamed transaction that only goes to the spool: its rows
                 # are parsed once, at replay, not also now (a malformed one is reported then).
                 self.changes += 1
+                xid = ID_AFTER_TAG.unpack_from(data, 1)[0]
                 counts = stream.counts
-                key = (ID_AFTER_TAG.unpack_from(data, 5)[0], data[0])
+                key = (xid, ID_AFTER_TAG.unpack_from(data, 5)[0], data[0])
                 counts[key] = counts.get(key, 0) + 1
-                stream.spool.append(lsn, ID_AFTER_TAG.unpack_from(data, 1)[0], True, data)
+                stream.spool.append(lsn, xid, True, data)
                 return
         else:
             state = self._txn
@@ -217,7 +219,7 @@ class Pipeline(Streams, TwoPhase):
                         writers = fast[relid] = self._fast_writers(state, relid)
                     if writers is not None:
                         counts = state.counts
-                        key = (relid, data[0])
+                        key = (0, relid, data[0])
                         counts[key] = counts.get(key, 0) + 1
                         self._fast_change(state, writers, data, lsn)
                         return
@@ -284,7 +286,7 @@ class Pipeline(Streams, TwoPhase):
     def _on_change(self, m: Insert | Update | Delete, lsn: LSN, raw: bytes | None) -> None:
         self.changes += 1
         stream = self._stream
-        key = (m.relation_id, _TAGS[type(m)])
+        key = (m.xid or 0, m.relation_id, _TAGS[type(m)])
         if stream is not None:
             stream.counts[key] = stream.counts.get(key, 0) + 1
             def args() -> tuple[Any, ...] | None:
@@ -310,7 +312,8 @@ class Pipeline(Streams, TwoPhase):
         stream = self._stream
         counts = (stream if stream is not None else self._current("truncate")).counts
         for relid in m.relation_ids:
-            counts[relid, TRUNCATE_TAG] = counts.get((relid, TRUNCATE_TAG), 0) + 1
+            key = (m.xid or 0, relid, TRUNCATE_TAG)
+            counts[key] = counts.get(key, 0) + 1
         if stream is not None:
             self._stream_item(stream, lsn, m.xid, raw, "stream_truncate",
                               lambda: self._truncate_args(m, lsn, stream))

@@ -144,6 +144,7 @@ class Streams(Holding, Replay):
             return
         state.aborted_subxids.add(m.subxid)
         state.streamed_subxids.discard(m.subxid)
+        state.counts = {k: n for k, n in state.counts.items() if k[0] != m.subxid}
         for i in state.live:
             top = self._view(state, i)
             sub = Transaction(m.subxid, toptxn=top, is_streamed=True)

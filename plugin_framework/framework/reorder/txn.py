@@ -93,6 +93,7 @@ class TxnState:
     # callback: per relation id, each live member with its view and its formatter, or None
     # when no live member has a formatter for that relation.
     fast: dict[int, list[FastWriter] | None] | None = None
-    # row changes received, by (relation id, pgoutput tag), and TRUNCATEd relation ids: the
-    # pipeline's ``delivered`` counts once the transaction commits
-    counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    # row changes received, and TRUNCATEd relations, by (xid, relation id, pgoutput tag): the
+    # pipeline's ``delivered`` counts once the transaction commits. The xid is a streamed
+    # change's (sub)transaction, whose counts go with its abort; 0 for the others.
+    counts: dict[tuple[int, int, int], int] = field(default_factory=dict)
