@@ -17,12 +17,7 @@
  * keep every other character, non-ASCII included, as UTF-8.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "pgoutput_tags.h" /* generated from plugin_framework/protocol/tags.py */
+#include "_pgrow.h" /* the output buffer and TupleData reading, shared with _textrow.c */
 
 /* How a column's text becomes its JSON value: one code per text converter that declares it
  * in plugin_framework/pgtypes/converters.py (NATIVE_KIND, by these names, which this module
@@ -42,81 +37,7 @@ enum {
     C_CODES
 };
 
-/* What a formatting step tells its caller: go on, hand the message to Python, or a Python
- * error (out of memory, or an exception that is not an Exception) is set. */
-#define OK 0
-#define DEFER 1
-#define FAIL (-1)
-
 #define MAX_ARRAY_DEPTH 6 /* PostgreSQL's MAXDIM */
-
-/* --- an output buffer: on the stack for most lines, on the heap past that ----------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    char stack[4096];
-} Buf;
-
-static void buf_init(Buf *b) {
-    b->p = b->stack;
-    b->len = 0;
-    b->cap = sizeof b->stack;
-}
-
-static void buf_free(Buf *b) {
-    if (b->p != b->stack)
-        PyMem_Free(b->p);
-}
-
-static int buf_grow(Buf *b, size_t need) {
-    size_t cap = b->cap;
-    while (cap < b->len + need) {
-        if (cap > PY_SSIZE_T_MAX / 2) {
-            PyErr_NoMemory();
-            return FAIL;
-        }
-        cap *= 2;
-    }
-    char *p;
-    if (b->p == b->stack) {
-        p = PyMem_Malloc(cap);
-        if (p != NULL)
-            memcpy(p, b->stack, b->len);
-    } else {
-        p = PyMem_Realloc(b->p, cap);
-    }
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return FAIL;
-    }
-    b->p = p;
-    b->cap = cap;
-    return OK;
-}
-
-static inline int put(Buf *b, const void *s, size_t n) {
-    if (b->len + n > b->cap && buf_grow(b, n) < 0)
-        return FAIL;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    return OK;
-}
-
-static inline int put_byte(Buf *b, char c) {
-    if (b->len + 1 > b->cap && buf_grow(b, 1) < 0)
-        return FAIL;
-    b->p[b->len++] = c;
-    return OK;
-}
-
-#define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
-#define TRY(expr)                                                                             \
-    do {                                                                                      \
-        int rc_ = (expr);                                                                     \
-        if (rc_ != OK)                                                                        \
-            return rc_;                                                                       \
-    } while (0)
 
 /* --- JSON strings ------------------------------------------------------------------------- */
 
@@ -371,46 +292,6 @@ typedef struct {
     Py_ssize_t nkeys;
 } RowFormat;
 
-/* One column of a tuple as the message carries it. */
-typedef struct {
-    unsigned char kind; /* PGOUTPUT_TUPLE_NULL, _UNCHANGED_TOAST or _TEXT */
-    const unsigned char *value;
-    size_t len;
-} Column;
-
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-/* A TupleData at *p of exactly ncols text, null and unchanged-TOAST columns; NULL for
- * anything else (binary columns, malformed data). */
-static const unsigned char *read_tuple(const unsigned char *p, const unsigned char *end,
-                                       Py_ssize_t ncols, Column *cols) {
-    if (end - p < 2 || (Py_ssize_t)(((unsigned)p[0] << 8) | p[1]) != ncols)
-        return NULL;
-    p += 2;
-    for (Py_ssize_t i = 0; i < ncols; i++) {
-        if (p == end)
-            return NULL;
-        unsigned char kind = *p++;
-        cols[i].kind = kind;
-        if (kind == PGOUTPUT_TUPLE_TEXT) {
-            if (end - p < 4)
-                return NULL;
-            size_t len = be32(p);
-            p += 4;
-            if (len > (size_t)(end - p))
-                return NULL;
-            cols[i].value = p;
-            cols[i].len = len;
-            p += len;
-        } else if (kind != PGOUTPUT_TUPLE_NULL && kind != PGOUTPUT_TUPLE_UNCHANGED_TOAST) {
-            return NULL;
-        }
-    }
-    return p;
-}
-
 static int put_value(RowFormat *self, Buf *b, Py_ssize_t i, const Column *col) {
     const unsigned char *s = col->value;
     size_t n = col->len;
@@ -534,31 +415,9 @@ static int put_head(RowFormat *self, Buf *b, int index) {
 static int format_line(RowFormat *self, Buf *b, const unsigned char *data, size_t size,
                        unsigned long long lsn, PyObject *fields, Column *old, Column *new,
                        Py_ssize_t *toast) {
-    const unsigned char *p = data, *end = data + size;
-    if (size < 6 || be32(data + 1) != self->relid)
-        return DEFER;
-    unsigned char tag = data[0];
-    int action = tag == PGOUTPUT_MSG_INSERT   ? 0
-               : tag == PGOUTPUT_MSG_UPDATE ? 1
-               : tag == PGOUTPUT_MSG_DELETE ? 2
-                                            : -1;
-    if (action < 0)
-        return DEFER;
-    p += 5;
-    unsigned char old_kind = 0; /* 'K' (identity columns only), 'O' (the whole old row) */
-    if (action != 0 && (*p == 'K' || *p == 'O')) {
-        old_kind = *p++;
-        if ((p = read_tuple(p, end, self->ncols, old)) == NULL)
-            return DEFER;
-    }
-    if (action != 2) {
-        if (p == end || *p++ != 'N' || (p = read_tuple(p, end, self->ncols, new)) == NULL)
-            return DEFER;
-    } else if (old_kind == 0) {
-        return DEFER;
-    }
-    if (p != end)
-        return DEFER; /* trailing bytes: the decoder says what is wrong */
+    int action;
+    unsigned char old_kind;
+    TRY(read_row_change(data, size, self->relid, self->ncols, old, new, &action, &old_kind));
 
     char lsn_text[40];
     int lsn_len = snprintf(lsn_text, sizeof lsn_text, ",\"lsn\":\"%X/%X\"",

@@ -189,7 +189,7 @@ def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True) -> Load
     without it (every change through its change callback)."""
     loaded = LoadedPlugin(plugin)
     compile_ = loaded.callbacks.get("fast_change")
-    assert compile_ is not None, "the json emitter has no fast path: is emitters._jsonrow built?"
+    assert compile_ is not None, f"{plugin.name} has no fast path: is its C module built?"
     if not fast:
         del loaded.callbacks["fast_change"]
         return loaded

@@ -31,6 +31,7 @@ import contextlib
 import re
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
@@ -43,6 +44,7 @@ import pytest
 from capture import peek, pgoutput_options
 from parity_workload import ParitySlots, run_parity_workload, setup_parity
 from pgtest import create_database, drop_database
+from recorders import with_fast_path
 
 from emitters.text import OPTIONS, TestDecodingEmitter, quote_literal, timestamptz_to_str
 from plugin_framework import LSN, MemoryOutput, Pipeline
@@ -101,13 +103,19 @@ class Decoded:
 
 
 def our_lines(source: Source, options: Mapping[str, str | None], *, streaming: bool = False,
-              catalog: bool = True, server_version: int | None = None) -> Decoded:
+              catalog: bool = True, server_version: int | None = None,
+              fast: Counter[str] | None = None, no_fast: bool = False) -> Decoded:
     """The text emitter's rows for ``options``, from the pgoutput slot; ``server_version``
-    is put in the context, as a source that knows it (a capture's replay) would."""
+    is put in the context, as a source that knows it (a capture's replay) would. ``fast``
+    counts what the C fast path wrote and declined; ``no_fast``: every change through the
+    Python change callback."""
     cat = CountingCatalog(source.db.conninfo) if catalog else None
     pipeline = Pipeline(proto_version=source.proto, catalog=cat)
     out = MemoryOutput()
-    ctx = pipeline.add(TestDecodingEmitter(), options=options, output=out)
+    plugin: Any = TestDecodingEmitter()
+    if fast is not None or no_fast:
+        plugin = with_fast_path(plugin, Counter() if fast is None else fast, not no_fast)
+    ctx = pipeline.add(plugin, options=options, output=out)
     if server_version is not None:
         ctx.server_version = server_version
     pipeline.startup()
@@ -205,6 +213,28 @@ def test_defaults(parity: Source) -> None:
     assert len(oids) == len(asked) == len(set(oids)) > 0
     assert all(oid >= 16384 for oid in oids)
     assert len(ours.catalog.asked) == len(asked)  # no time zone, no version: not needed
+
+
+@pytest.mark.parametrize("options", [{}, {"skip-empty-xacts": "1", "include-xids": "0"}],
+                         ids=["defaults", "skip-empty"])
+def test_fast_path_on_and_off_match_test_decoding(parity: Source,
+                                                  options: dict[str, str]) -> None:
+    """The C fast path and the Python change callback each print test_decoding's lines;
+    the fast path writes every change of the ordinary transactions (under skip-empty-xacts,
+    all but each transaction's first, whose BEGIN the callback prints)."""
+    theirs = server_lines(parity, options)
+    if not options:
+        theirs, _ = drop_empty_xacts(theirs)
+    used: Counter[str] = Counter()
+    fast = our_lines(parity, options, fast=used)
+    slow = our_lines(parity, options, no_fast=True)
+    skip = bool(options)
+    assert_same(fast.lines, theirs, begin_lsn=skip)
+    assert_same(slow.lines, theirs, begin_lsn=skip)
+    rows = sum(1 for x in theirs if re.match(r"table .+?: (INSERT|UPDATE|DELETE):", x.data))
+    begins = sum(1 for x in theirs if _BEGIN.fullmatch(x.data))
+    assert used["fast"] + used["declined"] == rows
+    assert 0 < used["declined"] <= begins if skip else used["declined"] == 0
 
 
 def test_without_xids(parity: Source) -> None:
@@ -630,7 +660,8 @@ def test_row_templates_print_as_the_column_loop() -> None:
     from plugin_framework.protocol import RelationMessage, TupleData
     from plugin_framework.protocol.messages import RelationColumn
 
-    types = [(23, "1"), (25, "it's"), (16, "t"), (16, "f"), (1560, "101"), (1700, "NaN"),
+    # a quote in a bare column too (never from the server): printed as it is, as in C
+    types = [(23, "1"), (25, "it's"), (16, "t"), (16, "f"), (1560, "101"), (1700, "N'aN"),
              (1043, "%s%%"), (3802, '{"a": "\'"}'), (17, "\\x00")]
     columns = tuple(RelationColumn(i == 0, f"c{i}%{oid}", oid, -1)
                     for i, (oid, _) in enumerate(types))

@@ -431,7 +431,8 @@ def test_a_plugin_without_a_formatter_still_gets_its_change_callback() -> None:
     messages = [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
                 Insert(16401, _row(b"2", None)), _commit()]
     json_out, text_out, text_alone = MemoryOutput(), MemoryOutput(), MemoryOutput()
-    pipeline, used = _json_pipeline(True, json_out, extra=(TestDecodingEmitter(), text_out))
+    text = with_fast_path(TestDecodingEmitter(), Counter(), fast=False)  # no formatter
+    pipeline, used = _json_pipeline(True, json_out, extra=(text, text_out))
     _feed(pipeline, messages)
     alone = Pipeline(proto_version=1)
     alone.add(TestDecodingEmitter(), output=text_alone)

@@ -9,6 +9,7 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from emitters.options import parse_options
+from emitters.text.fast import FAST_PATH_BUILT, row_format
 from emitters.text.options import OPTIONS
 from emitters.text.relation import RelationText, type_name_from_stream
 from plugin_framework import (
@@ -262,6 +263,19 @@ class TestDecodingEmitter(OutputPlugin):
             else:
                 text.append(out, old.data, True)
         ctx.write()
+
+    def fast_change(self, ctx: Any, relation: Relation) -> Any:
+        """The relation's C formatter (docs/framework.md, "fast_change"), which writes what
+        ``change`` writes; None where the C module is not built."""
+        if not FAST_PATH_BUILT:
+            return None
+        state: _State = ctx.output_plugin_private
+        text = state.relations.get(relation.relation_id)
+        if text is None or text.relation is not relation:
+            text = self._relation(ctx, state, relation)
+        if text.fast is None:
+            text.fast = row_format(text, state.skip_empty_xacts)
+        return text.fast
 
     def truncate(self, ctx: Any, txn: Transaction, relations: list[Relation],
                  change: TruncateChange) -> None:

@@ -16,12 +16,12 @@ from plugin_framework.pgtypes import VERSIONED_KEYWORDS, oids, quote_identifier
 
 # How print_literal prints a column's text, by its type OID (the column's own type: a domain
 # over integer is quoted, as in C).
-_QUOTED, _BARE, _BOOL, _BIT = 0, 1, 2, 3
+QUOTED, BARE, BOOL, BIT = 0, 1, 2, 3
 _STYLES: Final[dict[int, int]] = {
-    oids.INT2: _BARE, oids.INT4: _BARE, oids.INT8: _BARE, oids.OID: _BARE,
-    oids.FLOAT4: _BARE, oids.FLOAT8: _BARE, oids.NUMERIC: _BARE,
-    oids.BIT: _BIT, oids.VARBIT: _BIT,
-    oids.BOOL: _BOOL,
+    oids.INT2: BARE, oids.INT4: BARE, oids.INT8: BARE, oids.OID: BARE,
+    oids.FLOAT4: BARE, oids.FLOAT8: BARE, oids.NUMERIC: BARE,
+    oids.BIT: BIT, oids.VARBIT: BIT,
+    oids.BOOL: BOOL,
 }
 
 
@@ -38,12 +38,12 @@ class RelationText:
 
     A row is printed through a ``bytes %`` template made for its pattern of column kinds
     (which columns are null or unchanged TOAST): the headers, the quotes and the null and
-    unchanged-toast-datum texts are in the template, only the values are filled in. Values
-    are quoted by doubling every ``'`` of all of them at once: only quoted types can hold
-    one (numbers, booleans and bit strings never do), and none can hold a NUL.
+    unchanged-toast-datum texts are in the template, only the values are filled in. The
+    ``'`` of quoted values are doubled; one test finds whether any value holds one (none
+    can hold a NUL), since they rarely do.
     """
 
-    __slots__ = ("columns", "delete", "insert", "key_patterns", "patterns", "relation",
+    __slots__ = ("columns", "delete", "fast", "insert", "key_patterns", "patterns", "relation",
                  "tuple_columns", "update")
 
     def __init__(self, relation: Relation, type_names: list[str],
@@ -58,13 +58,15 @@ class RelationText:
         cols = []
         for column, type_name in zip(relation.columns, type_names, strict=True):
             bare = f" {quote(column.name)}[{type_name}]:".encode()
-            style = _STYLES.get(column.type_oid, _QUOTED)
-            head = bare + (b"'" if style == _QUOTED else b"B'" if style == _BIT else b"")
+            style = _STYLES.get(column.type_oid, QUOTED)
+            head = bare + (b"'" if style == QUOTED else b"B'" if style == BIT else b"")
             cols.append((style, head, bare))
         # (style, header with the value's opening, bare header for null / unchanged TOAST)
         self.tuple_columns: tuple[tuple[int, bytes, bytes], ...] = tuple(cols)
         self.patterns: dict[bytes, _Pattern | None] = {}  # new tuples: nulls printed
         self.key_patterns: dict[bytes, _Pattern | None] = {}  # old tuples: nulls skipped
+        # the C formatter made from all this (emitters.text.fast), once it is asked for
+        self.fast: Any = None
 
     def append(self, out: bytearray, data: TupleData, skip_nulls: bool) -> None:
         """tuple_to_stringinfo over pgoutput's raw column texts."""
@@ -87,9 +89,9 @@ class RelationText:
             for i in pattern.bools:
                 values[i] = b"true" if values[i] == b"t" else b"false"
             values = tuple(values)
-        joined = b"\0".join(values)
-        if b"'" in joined:
-            values = tuple(joined.replace(b"'", b"''").split(b"\0"))
+        if b"'" in b"\0".join(values):
+            values = tuple(v.replace(b"'", b"''") if quoted else v
+                           for v, quoted in zip(values, pattern.quoted, strict=True))
         out += pattern.template % values
 
 
@@ -99,13 +101,14 @@ _MAX_PATTERNS: Final = 256  # kinds patterns cached per relation; beyond, the sl
 class _Pattern:
     """The template for one pattern of column kinds."""
 
-    __slots__ = ("bools", "mask", "template")
+    __slots__ = ("bools", "mask", "quoted", "template")
 
     def __init__(self, template: bytes, mask: tuple[bool, ...] | None,
-                 bools: tuple[int, ...]) -> None:
+                 bools: tuple[int, ...], quoted: tuple[bool, ...]) -> None:
         self.template = template
         self.mask = mask  # which columns have a value; None: all of them
         self.bools = bools  # positions, among the values, of booleans
+        self.quoted = quoted  # per value: whether it is quoted (its ' doubled)
 
     @classmethod
     def make(cls, columns: tuple[tuple[int, bytes, bytes], ...], kinds: bytes,
@@ -115,12 +118,14 @@ class _Pattern:
         parts: list[bytes] = []
         mask: list[bool] = []
         bools: list[int] = []
+        quoted: list[bool] = []
         for kind, (style, head, bare) in zip(kinds, columns, strict=True):
             if kind == KIND_TEXT:
-                if style == _BOOL:
+                if style == BOOL:
                     bools.append(sum(mask))
                 mask.append(True)
-                closing = b"'" if style == _QUOTED or style == _BIT else b""
+                quoted.append(style == QUOTED)
+                closing = b"'" if style == QUOTED or style == BIT else b""
                 parts.append(head.replace(b"%", b"%%") + b"%s" + closing)
                 continue
             mask.append(False)
@@ -131,7 +136,8 @@ class _Pattern:
                 parts.append(bare.replace(b"%", b"%%") + b"unchanged-toast-datum")
             else:
                 return None
-        return cls(b"".join(parts), None if all(mask) else tuple(mask), tuple(bools))
+        return cls(b"".join(parts), None if all(mask) else tuple(mask), tuple(bools),
+                   tuple(quoted))
 
 
 def append_tuple(out: bytearray, columns: tuple[tuple[int, bytes, bytes], ...],
@@ -140,12 +146,12 @@ def append_tuple(out: bytearray, columns: tuple[tuple[int, bytes, bytes], ...],
     for kind, value, (style, head, bare) in zip(data.kinds, data.values, columns, strict=True):
         if kind == KIND_TEXT:
             out += head
-            if style == _QUOTED:
+            if style == QUOTED:
                 out += value.replace(b"'", b"''")  # type: ignore[union-attr]
                 out += b"'"
-            elif style == _BARE:
+            elif style == BARE:
                 out += value  # type: ignore[arg-type]
-            elif style == _BOOL:
+            elif style == BOOL:
                 out += b"true" if value == b"t" else b"false"
             else:
                 out += value  # type: ignore[arg-type]

@@ -1,0 +1,171 @@
+/*
+ * emitters/_pgrow.h: what the emitters' C fast paths (_jsonrow.c, _textrow.c) share: an
+ * output buffer, and the reading of a pgoutput TupleData straight from a message's bytes.
+ *
+ * Static functions only: each extension module includes its own copy.
+ */
+
+#ifndef PGDECODE_PGROW_H
+#define PGDECODE_PGROW_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pgoutput_tags.h" /* generated from plugin_framework/protocol/tags.py */
+
+/* What a formatting step tells its caller: go on, hand the message to Python, or a Python
+ * error (out of memory, or an exception that is not an Exception) is set. */
+#define OK 0
+#define DEFER 1
+#define FAIL (-1)
+
+/* --- an output buffer: on the stack for most lines, on the heap past that ----------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    char stack[4096];
+} Buf;
+
+static void buf_init(Buf *b) {
+    b->p = b->stack;
+    b->len = 0;
+    b->cap = sizeof b->stack;
+}
+
+static void buf_free(Buf *b) {
+    if (b->p != b->stack)
+        PyMem_Free(b->p);
+}
+
+static int buf_grow(Buf *b, size_t need) {
+    size_t cap = b->cap;
+    while (cap < b->len + need) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return FAIL;
+        }
+        cap *= 2;
+    }
+    char *p;
+    if (b->p == b->stack) {
+        p = PyMem_Malloc(cap);
+        if (p != NULL)
+            memcpy(p, b->stack, b->len);
+    } else {
+        p = PyMem_Realloc(b->p, cap);
+    }
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    b->p = p;
+    b->cap = cap;
+    return OK;
+}
+
+static inline int put(Buf *b, const void *s, size_t n) {
+    if (b->len + n > b->cap && buf_grow(b, n) < 0)
+        return FAIL;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return OK;
+}
+
+static inline int put_byte(Buf *b, char c) {
+    if (b->len + 1 > b->cap && buf_grow(b, 1) < 0)
+        return FAIL;
+    b->p[b->len++] = c;
+    return OK;
+}
+
+#define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
+#define TRY(expr)                                                                             \
+    do {                                                                                      \
+        int rc_ = (expr);                                                                     \
+        if (rc_ != OK)                                                                        \
+            return rc_;                                                                       \
+    } while (0)
+
+/* --- a pgoutput TupleData ---------------------------------------------------------------- */
+
+/* One column of a tuple as the message carries it. */
+typedef struct {
+    unsigned char kind; /* PGOUTPUT_TUPLE_NULL, _UNCHANGED_TOAST or _TEXT */
+    const unsigned char *value;
+    size_t len;
+} Column;
+
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* A TupleData at *p of exactly ncols text, null and unchanged-TOAST columns; NULL for
+ * anything else (binary columns, malformed data). */
+static const unsigned char *read_tuple(const unsigned char *p, const unsigned char *end,
+                                       Py_ssize_t ncols, Column *cols) {
+    if (end - p < 2 || (Py_ssize_t)(((unsigned)p[0] << 8) | p[1]) != ncols)
+        return NULL;
+    p += 2;
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (p == end)
+            return NULL;
+        unsigned char kind = *p++;
+        cols[i].kind = kind;
+        if (kind == PGOUTPUT_TUPLE_TEXT) {
+            if (end - p < 4)
+                return NULL;
+            size_t len = be32(p);
+            p += 4;
+            if (len > (size_t)(end - p))
+                return NULL;
+            cols[i].value = p;
+            cols[i].len = len;
+            p += len;
+        } else if (kind != PGOUTPUT_TUPLE_NULL && kind != PGOUTPUT_TUPLE_UNCHANGED_TOAST) {
+            return NULL;
+        }
+    }
+    return p;
+}
+
+/* The action of a row-change message's tag: 0 INSERT, 1 UPDATE, 2 DELETE, -1 anything else. */
+static inline int row_action(unsigned char tag) {
+    return tag == PGOUTPUT_MSG_INSERT   ? 0
+         : tag == PGOUTPUT_MSG_UPDATE ? 1
+         : tag == PGOUTPUT_MSG_DELETE ? 2
+                                      : -1;
+}
+
+/* A raw, non-streamed Insert, Update or Delete message of relation relid whose tuples have
+ * exactly ncols text, null and unchanged-TOAST columns, read into old and new: *action is 0
+ * (INSERT), 1 (UPDATE) or 2 (DELETE); *old_kind 'K' (identity columns only), 'O' (the whole
+ * old row) or 0 (no old tuple). DEFER for anything else (the decoder says what is wrong). */
+static int read_row_change(const unsigned char *data, size_t size, uint32_t relid,
+                           Py_ssize_t ncols, Column *old, Column *new, int *action,
+                           unsigned char *old_kind) {
+    const unsigned char *p = data, *end = data + size;
+    if (size < 6 || be32(data + 1) != relid)
+        return DEFER;
+    *action = row_action(data[0]);
+    if (*action < 0)
+        return DEFER;
+    p += 5;
+    *old_kind = 0;
+    if (*action != 0 && (*p == 'K' || *p == 'O')) {
+        *old_kind = *p++;
+        if ((p = read_tuple(p, end, ncols, old)) == NULL)
+            return DEFER;
+    }
+    if (*action != 2) {
+        if (p == end || *p++ != 'N' || (p = read_tuple(p, end, ncols, new)) == NULL)
+            return DEFER;
+    } else if (*old_kind == 0) {
+        return DEFER;
+    }
+    return p == end ? OK : DEFER; /* trailing bytes: DEFER too */
+}
+
+#endif /* PGDECODE_PGROW_H */

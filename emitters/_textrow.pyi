@@ -1,0 +1,12 @@
+# The C module emitters/_textrow.c: the text emitter's fast path.
+from typing import Any, Final
+
+QUOTED: Final[int]
+BARE: Final[int]
+BOOL: Final[int]
+BIT: Final[int]
+
+class RowFormat:
+    def __init__(self, relid: int, heads: tuple[bytes, bytes, bytes], styles: bytes,
+                 opens: tuple[bytes, ...], bares: tuple[bytes, ...], gated: bool) -> None: ...
+    def line(self, data: bytes, lsn: int, txn: Any, /) -> bytes | None: ...
