@@ -24,7 +24,7 @@ from plugin_framework.framework.model import (
     new_change,
 )
 from plugin_framework.framework.reorder.members import Member
-from plugin_framework.framework.reorder.txn import PipelineError, TxnState
+from plugin_framework.framework.reorder.txn import FastWriter, PipelineError, TxnState
 from plugin_framework.framework.spool import SpoolBudget
 from plugin_framework.protocol import (
     LSN,
@@ -104,6 +104,21 @@ class ReorderBufferState:
         if view is None:
             view = state.views[i] = replace(state.base)
         return view
+
+    def _formatters(self, members: list[tuple[int, Transaction]], rel: Relation | None,
+                    lsn: LSN) -> list[FastWriter] | None:
+        """Each of ``members`` (index, its view of the transaction) with its ``fast_change``
+        formatter for ``rel`` (None for members without one); None if no member has one, or
+        ``rel`` is not described (the change callback's path says so)."""
+        if rel is None:
+            return None
+        writers: list[FastWriter] = []
+        for i, view in members:
+            member = self.members[i]
+            write = (member.compile_fast_change(rel, lsn) if member.fast_change is not None
+                     else None)
+            writers.append((member, view, write))
+        return writers if any(w[2] is not None for w in writers) else None
 
     def _committed_view(self, state: TxnState, i: int,
                         m: StreamCommit | CommitPrepared) -> Transaction:

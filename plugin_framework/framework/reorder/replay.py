@@ -2,7 +2,8 @@
 transaction whose changes were kept (and possibly spilled to disk) until its outcome.
 
 Plugins that receive a streamed or prepared transaction only whole get it here, at its
-Stream Commit, PREPARE or COMMIT PREPARED, with aborted subtransactions left out. A stream
+Stream Commit, PREPARE or COMMIT PREPARED, with aborted subtransactions left out. Their row
+changes take the plugins' ``fast_change`` formatters as a live transaction's do. A stream
 block held back from streaming plugins (``txn.Block``) is delivered here too, as a block.
 """
 
@@ -11,12 +12,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from plugin_framework.framework.model import Relation, Transaction
+from plugin_framework.framework.model import Change, Relation, Transaction
 from plugin_framework.framework.reorder.buffer import ReorderBufferState
-from plugin_framework.framework.reorder.txn import Block, TxnState
+from plugin_framework.framework.reorder.txn import Block, FastWriter, TxnState
 from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
+    ID_AFTER_TAG,
     LSN,
+    ROW_CHANGE_MIN_SIZE,
+    ROW_CHANGE_TAGS,
     CommitPrepared,
     Decoder,
     Delete,
@@ -27,6 +31,8 @@ from plugin_framework.protocol import (
     Truncate,
     Update,
 )
+
+_UNKNOWN: Any = object()  # a relation the replay's fast path has not looked at yet
 
 
 class Replay(ReorderBufferState):
@@ -49,13 +55,36 @@ class Replay(ReorderBufferState):
                                                if rel is not None})
             aborted = state.aborted_subxids
             keepalive = self.keepalive
+            # the fast path, as for a live transaction: per relation id, the members with
+            # their formatters for the relation in force at that point of the replay
+            fast: dict[int, list[FastWriter] | None] | None = None
+            if self.change_filter is None and any(
+                    self.members[i].fast_change is not None for i in members):
+                fast = {}
             for lsn, xid, in_stream, raw in spool:
                 if keepalive is not None:
                     keepalive()
                 if xid and xid in aborted:
                     continue
+                if fast is not None and len(raw) >= ROW_CHANGE_MIN_SIZE + 4 * in_stream \
+                        and raw[0] in ROW_CHANGE_TAGS:
+                    # a streamed change's formatter input is the message without its xid
+                    data = raw[:1] + raw[5:] if in_stream else raw
+                    relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
+                    writers = fast.get(relid, _UNKNOWN)
+                    if writers is _UNKNOWN:
+                        rel = overlay.relations.get(relid)
+                        writers = fast[relid] = self._formatters(
+                            [(i, views[i]) for i in members],
+                            self.relations.get(relid) if rel is None else rel, lsn)
+                    if writers is not None:
+                        decoder.in_stream = in_stream
+                        self._replay_fast(writers, data, raw, lsn, decoder, overlay)
+                        continue
                 decoder.in_stream = in_stream
                 msg = decoder.decode(raw)
+                if fast is not None and isinstance(msg, RelationMessage):
+                    fast.pop(msg.relation_id, None)  # formatters of the old description
                 self._replay_one(msg, lsn, members, views, overlay)
         end = txn.end_lsn or final_lsn
         for i in members:
@@ -63,6 +92,22 @@ class Replay(ReorderBufferState):
                 self.members[i].call("prepare", end, txn.xid, views[i], final_lsn)
             else:
                 self.members[i].call("commit", end, txn.xid, views[i], final_lsn)
+
+    def _replay_fast(self, writers: list[FastWriter], data: bytes, raw: bytes, lsn: LSN,
+                     decoder: Decoder, overlay: TxnState) -> None:
+        """A replayed row change for members whose formatters turn its raw message (``data``,
+        without a stream's xid) into their record; the others, and any formatter that
+        declines, get the change callback with the change decoded from ``raw``."""
+        change: Change | None = None
+        for member, view, write in writers:
+            if write is not None and member.call_fast_change(write, data, lsn, view.xid, view):
+                continue
+            if change is None:
+                message = decoder.decode(raw)
+                assert isinstance(message, Insert | Update | Delete)
+                change = self._change(message, lsn, overlay)
+                assert change is not None  # no change_filter on the fast path
+            member.call_change(lsn, view.xid, view, change)
 
     def _replay_block(self, state: TxnState, members: list[int], block: Block) -> None:
         """Deliver a held-back stream block to ``members``: stream_start, its items,

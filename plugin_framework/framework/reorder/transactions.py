@@ -96,20 +96,9 @@ class Transactions(Holding):
     # --- the fast path: the fast_change callback ------------------------------------------------
 
     def _fast_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
-        """Each live member's fast_change formatter for a relation (None for members
-        without one), or None if no member has one (or the relation is not described: the
-        change callback's path says so)."""
-        rel = self.relations.get(relid)
-        if rel is None:
-            return None
-        writers: list[FastWriter] = []
-        lsn = state.base.first_lsn or LSN(0)
-        for i in state.live:
-            member = self.members[i]
-            write = (member.compile_fast_change(rel, lsn) if member.fast_change is not None
-                     else None)
-            writers.append((member, self._view(state, i), write))
-        return writers if any(w[2] is not None for w in writers) else None
+        """Each live member's fast_change formatter for a relation (see ``_formatters``)."""
+        return self._formatters([(i, self._view(state, i)) for i in state.live],
+                                self.relations.get(relid), state.base.first_lsn or LSN(0))
 
     def _fast_change(self, state: TxnState, writers: list[FastWriter], data: bytes,
                      lsn: LSN) -> None:
