@@ -196,6 +196,8 @@ def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True) -> Load
 
     def compiled(ctx: Any, relation: Any) -> Any:
         write = compile_(ctx, relation)
+        if write is None:  # no formatter for this relation (in this transaction)
+            return None
 
         def counted(data: bytes, lsn: Any, txn: Any) -> bytes | None:
             line = write(data, lsn, txn)

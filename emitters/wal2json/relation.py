@@ -103,27 +103,27 @@ class _CatalogColumn:
 # leading \x; anything else as a JSON string.
 
 
-def _string_value(raw: bytes) -> bytes:
+def string_value(raw: bytes) -> bytes:
     try:
         return _dumps(raw.decode())
     except UnicodeDecodeError:
         return _escape_bytes(raw)
 
 
-def _number_value(raw: bytes) -> bytes:
+def number_value(raw: bytes) -> bytes:
     return b"null" if raw in _SPECIAL_NUMBERS else raw
 
 
-def _number_string_value(raw: bytes) -> bytes:
+def number_string_value(raw: bytes) -> bytes:
     return b'"' + raw + b'"'  # numeric-data-types-as-string: digits, signs, NaN: no escapes
 
 
-def _bool_value(raw: bytes) -> bytes:
+def bool_value(raw: bytes) -> bytes:
     return b"true" if raw == b"t" else b"false"
 
 
-def _bytea_value(raw: bytes) -> bytes:
-    return _string_value(raw[2:])
+def bytea_value(raw: bytes) -> bytes:
+    return string_value(raw[2:])
 
 
 def binary_error(rel: Relation, index: int) -> Exception:
@@ -136,12 +136,12 @@ def binary_error(rel: Relation, index: int) -> Exception:
 
 def _converter(st: State, type_oid: int) -> Converter:
     if type_oid in _NUMBER_OIDS:
-        return _number_string_value if st.numeric_as_string else _number_value
+        return number_string_value if st.numeric_as_string else number_value
     if type_oid == oids.BOOL:
-        return _bool_value
+        return bool_value
     if type_oid == oids.BYTEA:
-        return _bytea_value
-    return _string_value
+        return bytea_value
+    return string_value
 
 
 def row_values(r: Rel, row: Row) -> list[bytes] | None:
@@ -312,7 +312,7 @@ def compile_relation(st: State, rel: Relation) -> Rel:
     r = Rel(rel, selected, cols, key, has_identity, default_pk and st.include_pk, pk,
              (b',"schema":' + schema_json if st.include_schemas else b"")
              + b',"table":' + table_json)
-    r.converters = [None if c.convert is _string_value else c.convert for c in cols]
+    r.converters = [None if c.convert is string_value else c.convert for c in cols]
     between = [b',"columns":[']
     for col in cols:
         between[-1] += col.v2_change[0]

@@ -1,0 +1,403 @@
+/*
+ * emitters._wal2jsonrow: the wal2json emitter's format-version 2 object for one pgoutput
+ * Insert, Update or Delete message, built straight from the message's bytes.
+ *
+ * The wal2json emitter's fast path, as _jsonrow.c is the json emitter's. A RowFormat is made
+ * from the table's plan (emitters/wal2json/relation.py: compile_relation), for one
+ * transaction's fields; its line() returns exactly the bytes that v2_change
+ * (emitters/wal2json/v2.py) returns for a message, or None when it leaves the message to the
+ * Python change callback: binary-format columns, malformed messages, an action the
+ * "actions" option leaves out, and the cases where wal2json warns (no tuple identifier, no
+ * old tuple of an UPDATE). None is never an error: the callback is the reference.
+ *
+ * Values print as relation.py's converters print them: numbers as they are (NaN and the
+ * infinities as null), or quoted under numeric-data-types-as-string; booleans as true or
+ * false; bytea without its leading \x; anything else as a JSON string, escaped as PostgreSQL's
+ * escape_json does, byte by byte (text that is not UTF-8 is kept as it is).
+ */
+
+#include "_pgrow.h" /* the output buffer and TupleData reading, shared with _jsonrow.c */
+
+/* How a column's value prints: one code per converter of relation.py (emitters/wal2json/
+ * fast.py maps them; tests/test_wal2json_native.py holds each to its converter). */
+enum { V_STRING, V_NUMBER, V_NUMBER_STRING, V_BOOL, V_BYTEA, V_CODES };
+
+typedef struct {
+    PyObject_HEAD
+    uint32_t relid;
+    Py_ssize_t ncols;
+    PyObject *heads;       /* 3 bytes: '{"action":"I"' and the transaction's fields, U, D */
+    PyObject *schema_table;
+    PyObject *befores;     /* per column: '{"name":...,"value":' (also identity's) */
+    PyObject *afters;      /* per column: what follows the value in "columns", "}" included */
+    PyObject *pks;         /* per column: its whole object in "pk" */
+    unsigned char *codes;  /* per column: V_* */
+    Py_ssize_t *key;       /* the replica identity columns */
+    Py_ssize_t nkeys;
+    Py_ssize_t *pk;        /* the primary key's columns (include-pk) */
+    Py_ssize_t npk;
+    int actions;           /* bit 0 INSERT, 1 UPDATE, 2 DELETE: those the options print */
+    int with_lsn;          /* include-lsn */
+    int with_pk;           /* include-pk */
+    int has_identity;      /* a replica identity index, or REPLICA IDENTITY FULL */
+} RowFormat;
+
+static int put_bytes(Buf *b, PyObject *bytes) {
+    return put(b, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+}
+
+/* PostgreSQL's escape_json over bytes: '"', '\\' and the controls below 0x20 escaped, every
+ * other byte kept. */
+static int put_escaped(Buf *b, const unsigned char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *end = s + n;
+    TRY(put_byte(b, '"'));
+    while (s < end) {
+        const unsigned char *run = s;
+        while (s < end && *s >= 0x20 && *s != '"' && *s != '\\')
+            s++;
+        TRY(put(b, run, (size_t)(s - run)));
+        if (s == end)
+            break;
+        unsigned char c = *s++;
+        char esc[6] = {'\\', 0, '0', '0', hex[c >> 4], hex[c & 15]};
+        size_t len = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\t': esc[1] = 't'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\r': esc[1] = 'r'; break;
+        default:
+            esc[1] = 'u';
+            len = 6;
+        }
+        TRY(put(b, esc, len));
+    }
+    return put_byte(b, '"');
+}
+
+static int is_special_number(const unsigned char *s, size_t n) {
+    return (n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0)
+        || (n == 9 && memcmp(s, "-Infinity", 9) == 0);
+}
+
+static int put_value(RowFormat *self, Buf *b, Py_ssize_t i, const Column *col) {
+    if (col->kind == PGOUTPUT_TUPLE_NULL)
+        return PUT_LITERAL(b, "null");
+    const unsigned char *s = col->value;
+    size_t n = col->len;
+    switch (self->codes[i]) {
+    case V_NUMBER:
+        if (is_special_number(s, n))
+            return PUT_LITERAL(b, "null");
+        return put(b, s, n);
+    case V_NUMBER_STRING:
+        TRY(put_byte(b, '"'));
+        TRY(put(b, s, n));
+        return put_byte(b, '"');
+    case V_BOOL:
+        if (n == 1 && s[0] == 't')
+            return PUT_LITERAL(b, "true");
+        return PUT_LITERAL(b, "false");
+    case V_BYTEA:
+        return n < 2 ? PUT_LITERAL(b, "\"\"") : put_escaped(b, s + 2, n - 2);
+    default:
+        return put_escaped(b, s, n);
+    }
+}
+
+/* v2_change's text for the message in data, into b. */
+static int format_line(RowFormat *self, Buf *b, const unsigned char *data, size_t size,
+                       unsigned long long lsn, Column *old, Column *new) {
+    int action;
+    unsigned char old_kind;
+    TRY(read_row_change(data, size, self->relid, self->ncols, old, new, &action, &old_kind));
+    if (!(self->actions & (1 << action)))
+        return DEFER;
+    const Column *identity = old_kind != 0 ? old : NULL;
+    if (action != 0 && identity == NULL) {
+        if (!self->has_identity)
+            return DEFER; /* wal2json warns: no tuple identifier */
+        if (action == 1) {
+            if (self->nkeys == 0)
+                return DEFER; /* wal2json warns: no old tuple data */
+            identity = new;   /* the key did not change: wal2json takes it from the new row */
+        }
+    }
+    TRY(put_bytes(b, PyTuple_GET_ITEM(self->heads, action)));
+    if (self->with_lsn) {
+        char text[40];
+        int len = snprintf(text, sizeof text, ",\"lsn\":\"%X/%X\"", (unsigned)(lsn >> 32),
+                           (unsigned)(lsn & 0xFFFFFFFFu));
+        TRY(put(b, text, (size_t)len));
+    }
+    TRY(put_bytes(b, self->schema_table));
+    if (action != 2) {
+        int first = 1;
+        TRY(PUT_LITERAL(b, ",\"columns\":["));
+        for (Py_ssize_t i = 0; i < self->ncols; i++) {
+            if (new[i].kind == PGOUTPUT_TUPLE_UNCHANGED_TOAST)
+                continue;
+            if (!first)
+                TRY(put_byte(b, ','));
+            first = 0;
+            TRY(put_bytes(b, PyTuple_GET_ITEM(self->befores, i)));
+            TRY(put_value(self, b, i, &new[i]));
+            TRY(put_bytes(b, PyTuple_GET_ITEM(self->afters, i)));
+        }
+        TRY(put_byte(b, ']'));
+    }
+    if (identity != NULL) {
+        int first = 1;
+        TRY(PUT_LITERAL(b, ",\"identity\":["));
+        for (Py_ssize_t k = 0; k < self->nkeys; k++) {
+            Py_ssize_t i = self->key[k];
+            if (identity[i].kind == PGOUTPUT_TUPLE_UNCHANGED_TOAST)
+                continue;
+            if (!first)
+                TRY(put_byte(b, ','));
+            first = 0;
+            TRY(put_bytes(b, PyTuple_GET_ITEM(self->befores, i)));
+            TRY(put_value(self, b, i, &identity[i]));
+            TRY(put_byte(b, '}'));
+        }
+        TRY(put_byte(b, ']'));
+    }
+    if (self->with_pk) {
+        const Column *source = old_kind != 0 ? old : new;
+        int first = 1;
+        TRY(PUT_LITERAL(b, ",\"pk\":["));
+        for (Py_ssize_t k = 0; k < self->npk; k++) {
+            Py_ssize_t i = self->pk[k];
+            if (source[i].kind == PGOUTPUT_TUPLE_UNCHANGED_TOAST)
+                continue;
+            if (!first)
+                TRY(put_byte(b, ','));
+            first = 0;
+            TRY(put_bytes(b, PyTuple_GET_ITEM(self->pks, i)));
+        }
+        TRY(put_byte(b, ']'));
+    }
+    return put_byte(b, '}');
+}
+
+PyDoc_STRVAR(line_doc,
+"line(data, lsn, txn) -> bytes | None\n--\n\n"
+"The wal2json emitter's v2 object for the raw, non-streamed Insert, Update or Delete\n"
+"message ``data`` of this relation at ``lsn``. None when the Python change callback must\n"
+"handle the message.");
+
+static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "line(): data must be bytes");
+        return NULL;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Column stack_cols[2 * 64];
+    Column *cols = stack_cols;
+    if (self->ncols > 64) {
+        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)self->ncols);
+        if (cols == NULL)
+            return PyErr_NoMemory();
+    }
+    Buf b;
+    buf_init(&b);
+    int rc = format_line(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
+                         (size_t)PyBytes_GET_SIZE(data), lsn, cols, cols + self->ncols);
+    PyObject *result;
+    if (rc == OK)
+        result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
+    else if (rc == DEFER)
+        result = Py_NewRef(Py_None);
+    else
+        result = NULL;
+    buf_free(&b);
+    if (cols != stack_cols)
+        PyMem_Free(cols);
+    return result;
+}
+
+static int all_bytes(PyObject *tuple, Py_ssize_t size) {
+    if (PyTuple_GET_SIZE(tuple) != size)
+        return 0;
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(tuple, i)))
+            return 0;
+    return 1;
+}
+
+/* A tuple of column indexes below ncols as a new C array (*count entries); NULL on error. */
+static Py_ssize_t *indexes(PyObject *tuple, Py_ssize_t ncols, Py_ssize_t *count) {
+    *count = PyTuple_GET_SIZE(tuple);
+    Py_ssize_t *out = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)*count + 1));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < *count; k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(tuple, k));
+        if (i < 0 || i >= ncols) {
+            PyMem_Free(out);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "column index out of range");
+            return NULL;
+        }
+        out[k] = i;
+    }
+    return out;
+}
+
+static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"relid", "heads", "schema_table", "befores", "afters", "pks",
+                             "codes", "key", "pk", "actions", "with_lsn", "with_pk",
+                             "has_identity", NULL};
+    unsigned long relid;
+    PyObject *heads, *schema_table, *befores, *afters, *pks, *key, *pk;
+    Py_buffer codes;
+    int actions, with_lsn, with_pk, has_identity;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "kO!SO!O!O!y*O!O!ippp:RowFormat", kwlist, &relid, &PyTuple_Type,
+            &heads, &schema_table, &PyTuple_Type, &befores, &PyTuple_Type, &afters,
+            &PyTuple_Type, &pks, &codes, &PyTuple_Type, &key, &PyTuple_Type, &pk, &actions,
+            &with_lsn, &with_pk, &has_identity))
+        return -1;
+    Py_ssize_t ncols = codes.len;
+    const char *why = NULL;
+    if (!all_bytes(heads, 3))
+        why = "heads must be 3 bytes objects";
+    else if (!all_bytes(befores, ncols) || !all_bytes(afters, ncols) || !all_bytes(pks, ncols))
+        why = "befores, afters and pks must be bytes, one per column";
+    for (Py_ssize_t i = 0; why == NULL && i < ncols; i++)
+        if (((unsigned char *)codes.buf)[i] >= V_CODES)
+            why = "unknown value code";
+    if (why != NULL) {
+        PyBuffer_Release(&codes);
+        PyErr_SetString(PyExc_ValueError, why);
+        return -1;
+    }
+    Py_ssize_t nkeys, npk;
+    unsigned char *code_copy = PyMem_Malloc((size_t)ncols + 1);
+    Py_ssize_t *keys = indexes(key, ncols, &nkeys);
+    Py_ssize_t *pks_idx = keys == NULL ? NULL : indexes(pk, ncols, &npk);
+    if (code_copy == NULL || keys == NULL || pks_idx == NULL) {
+        PyMem_Free(code_copy);
+        PyMem_Free(keys);
+        PyMem_Free(pks_idx);
+        PyBuffer_Release(&codes);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(code_copy, codes.buf, (size_t)ncols);
+    PyBuffer_Release(&codes);
+    PyMem_Free(self->codes);
+    PyMem_Free(self->key);
+    PyMem_Free(self->pk);
+    self->codes = code_copy;
+    self->key = keys;
+    self->nkeys = nkeys;
+    self->pk = pks_idx;
+    self->npk = npk;
+    self->relid = (uint32_t)relid;
+    self->ncols = ncols;
+    self->actions = actions;
+    self->with_lsn = with_lsn;
+    self->with_pk = with_pk;
+    self->has_identity = has_identity;
+    Py_XSETREF(self->heads, Py_NewRef(heads));
+    Py_XSETREF(self->schema_table, Py_NewRef(schema_table));
+    Py_XSETREF(self->befores, Py_NewRef(befores));
+    Py_XSETREF(self->afters, Py_NewRef(afters));
+    Py_XSETREF(self->pks, Py_NewRef(pks));
+    return 0;
+}
+
+static int RowFormat_traverse(RowFormat *self, visitproc visit, void *arg) {
+    Py_VISIT(self->heads);
+    Py_VISIT(self->schema_table);
+    Py_VISIT(self->befores);
+    Py_VISIT(self->afters);
+    Py_VISIT(self->pks);
+    return 0;
+}
+
+static int RowFormat_clear(RowFormat *self) {
+    Py_CLEAR(self->heads);
+    Py_CLEAR(self->schema_table);
+    Py_CLEAR(self->befores);
+    Py_CLEAR(self->afters);
+    Py_CLEAR(self->pks);
+    return 0;
+}
+
+static void RowFormat_dealloc(RowFormat *self) {
+    PyObject_GC_UnTrack(self);
+    RowFormat_clear(self);
+    PyMem_Free(self->codes);
+    PyMem_Free(self->key);
+    PyMem_Free(self->pk);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef RowFormat_methods[] = {
+    {"line", (PyCFunction)(void (*)(void))RowFormat_line, METH_FASTCALL, line_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(RowFormat_doc,
+"RowFormat(relid, heads, schema_table, befores, afters, pks, codes, key, pk, actions,\n"
+"          with_lsn, with_pk, has_identity)\n--\n\n"
+"The wal2json emitter's v2 objects for one table plan and one transaction: ``heads`` up to\n"
+"the transaction's fields for INSERT, UPDATE and DELETE; per column the text before and\n"
+"after its value, its \"pk\" object and its value code; the replica identity and primary\n"
+"key columns; ``actions`` (bits 0-2: INSERT, UPDATE, DELETE) those printed.");
+
+static PyTypeObject RowFormat_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "emitters._wal2jsonrow.RowFormat",
+    .tp_basicsize = sizeof(RowFormat),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = RowFormat_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)RowFormat_init,
+    .tp_dealloc = (destructor)RowFormat_dealloc,
+    .tp_traverse = (traverseproc)RowFormat_traverse,
+    .tp_clear = (inquiry)RowFormat_clear,
+    .tp_methods = RowFormat_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "emitters._wal2jsonrow",
+    .m_doc = "The wal2json emitter's fast path: a row change's v2 object from pgoutput bytes.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__wal2jsonrow(void) {
+    static const char *code_names[V_CODES] = {"STRING", "NUMBER", "NUMBER_STRING", "BOOL",
+                                              "BYTEA"};
+    if (PyType_Ready(&RowFormat_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RowFormat", (PyObject *)&RowFormat_Type) < 0)
+        goto error;
+    for (int i = 0; i < V_CODES; i++)
+        if (PyModule_AddIntConstant(m, code_names[i], i) < 0)
+            goto error;
+    return m;
+error:
+    Py_DECREF(m);
+    return NULL;
+}
