@@ -1,8 +1,12 @@
 """End-to-end streaming benchmark: ``pgdecode stream`` into a file against ``pg_recvlogical``
 writing the same slot contents' raw pgoutput into a file, in the same run.
 
-    python bench/stream.py [--changes N] [--emitter NAME] [--bindir DIR]
+    python bench/stream.py [--changes N] [--emitter NAME | --matrix] [--bindir DIR]
                                          [--runs N] [--streaming off|on] [--keep]
+
+With --matrix, one table per workload (ordinary transactions; the same streamed by the server,
+logical_decoding_work_mem = 64kB), with a pgdecode row for each built-in format: json, text,
+wal2json v1 and v2, and json under a client-side row filter.
 
 Starts a throwaway PostgreSQL cluster (the embedded 18 unless --bindir), creates a table and a
 publication, then one slot per reader and per run, *before* the workload, so that every
@@ -47,7 +51,7 @@ from typing import NamedTuple
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import PUBLICATION, SCHEMA, run_workload  # bench/ is not a package
+from workload import PUBLICATION, SCHEMA, TABLE, run_workload  # bench/ is not a package
 
 
 def default_emitter() -> str:
@@ -57,7 +61,16 @@ def default_emitter() -> str:
     return "json" if "json" in names else "simple"
 
 
-READERS = ("pgdecode", "floor", "recvlogical")
+# pgdecode's readers in --matrix: (label, `pgdecode stream` arguments). The row filter lets
+# nine rows in ten through (pgdecode evaluates it client-side, docs/row-filters.md).
+MATRIX: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("json", ("--emitter", "json")),
+    ("text", ("--emitter", "text")),
+    ("wal2json v1", ("--emitter", "wal2json")),
+    ("wal2json v2", ("--emitter", "wal2json", "-o", "format-version=2")),
+    ("json, row filter", ("--emitter", "json", "--row-filter", f"public.{TABLE}:(id % 10 <> 0)")),
+)
+WORKLOADS = (("ordinary", "64MB"), ("streamed", "64kB"))  # logical_decoding_work_mem
 
 
 class Timing(NamedTuple):
@@ -109,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=300_000)
     parser.add_argument("--emitter", default=None,
                         help="pgdecode's emitter (default json, or simple if json is missing)")
+    parser.add_argument("--matrix", action="store_true",
+                        help="every built-in format (json, text, wal2json v1 and v2, json "
+                             "with a row filter) on two workloads: ordinary transactions, "
+                             "and the same streamed by the server (64kB work mem)")
     parser.add_argument("--bindir", help="PostgreSQL binaries (default: the embedded 18)")
     parser.add_argument("--runs", type=int, default=1, help="best of N per reader")
     parser.add_argument("--streaming", choices=("off", "on"), default="on",
@@ -119,14 +136,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the output files")
     args = parser.parse_args(argv)
 
+    if args.matrix:
+        configs = MATRIX
+        workloads: tuple[tuple[str, str], ...] = WORKLOADS
+    else:
+        emitter = args.emitter or default_emitter()
+        configs = ((emitter, ("--emitter", emitter)),)
+        workloads = ((f"work mem {args.work_mem}", args.work_mem),)
+    for name, work_mem in workloads:
+        measure(args, name, work_mem, configs)
+    return 0
+
+
+def measure(args: argparse.Namespace, workload: str, work_mem: str,
+            configs: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Every reader from its own slot over the same WAL, on a new cluster; a table."""
     from plugin_framework.cluster import LocalCluster, embedded_bindir
     from plugin_framework.sources.session import highest_proto_version
 
-    emitter = args.emitter or default_emitter()
     bindir = Path(args.bindir) if args.bindir else embedded_bindir()
     recvlogical = bindir / "pg_recvlogical"
     workdir = Path(tempfile.mkdtemp(prefix="pgdecode-bench-stream"))
-    cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": args.work_mem})
+    cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": work_mem})
+    readers = [*(f"pgdecode {label}" for label, _ in configs), "floor", "recvlogical"]
     try:
         cluster.start()
         conninfo = cluster.conninfo()
@@ -134,13 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             version = conn.info.server_version
             proto = highest_proto_version(version)
             conn.execute(SCHEMA)
-            slots = {(reader, run): f"bench_{reader}_{run}"
-                     for reader in READERS for run in range(args.runs)}
+            slots = {(reader, run): f"bench_{i}_{run}"
+                     for i, reader in enumerate(readers) for run in range(args.runs)}
             for slot in slots.values():
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
                              (slot,))
             print(f"PostgreSQL {version // 10000} ({bindir}), {os.cpu_count()} CPUs, "
-                  f"Python {platform.python_version()}; running {args.changes:,} changes ...",
+                  f"Python {platform.python_version()}; {workload} workload "
+                  f"(logical_decoding_work_mem {work_mem}): {args.changes:,} changes ...",
                   flush=True)
             made = run_workload(conn, args.changes)
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
@@ -151,20 +184,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "messages": "true"}
         if args.streaming == "on":
             options["streaming"] = "on" if proto >= 4 else "true"
-        results: dict[str, list[Timing]] = {name: [] for name in (*READERS, "startup")}
+        results: dict[str, list[Timing]] = {name: [] for name in (*readers, "startup")}
         datadir = cluster.datadir
         sizes: dict[str, int] = {}
+        lines: dict[str, int] = {}
         env = dict(os.environ)
         for run in range(args.runs):
-            out = workdir / f"pgdecode_{run}.out"
-            results["pgdecode"].append(timed(
-                [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", conninfo,
-                 "-S", slots["pgdecode", run], "--publication", PUBLICATION,
-                 "--emitter", emitter, "-f", str(out), "-E", endpos, "-q",
-                 "--streaming", args.streaming, "--proto-version", str(proto)], datadir, env))
-            sizes["pgdecode"] = out.stat().st_size
-            with open(out, "rb") as f:
-                written = sum(1 for _ in f)
+            for i, (label, arguments) in enumerate(configs):
+                reader = f"pgdecode {label}"
+                out = workdir / f"pgdecode_{i}_{run}.out"  # with its .progress file
+                results[reader].append(timed(
+                    [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", conninfo,
+                     "-S", slots[reader, run], "--publication", PUBLICATION, *arguments,
+                     "-f", str(out), "-E", endpos, "-q", "--streaming", args.streaming,
+                     "--proto-version", str(proto)], datadir, env))
+                sizes[reader] = out.stat().st_size
+                with open(out, "rb") as f:
+                    lines[reader] = sum(1 for _ in f)
+                if not args.keep:
+                    out.unlink()
             floor = workdir / f"floor_{run}.out"
             results["floor"].append(timed(
                 [sys.executable, str(Path(__file__).resolve().parent / "floor_reader.py"),
@@ -181,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["startup"].append(timed(
                 [sys.executable, "-m", "plugin_framework.cli", "--version"], datadir, env))
             if not args.keep:
-                out.unlink()
                 floor.unlink()
                 raw.unlink()
     finally:
@@ -192,38 +229,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             workdir.rmdir()
 
     best = {name: min(times, key=lambda t: t.seconds) for name, times in results.items()}
-    print(report(best, sizes, made, emitter, args.streaming, proto))
-    # Not a judgement of speed: a reader that skipped changes would look fast.
-    print(f"pgdecode wrote {written:,} lines for {made:,} changes")
+    print(report(best, sizes, lines, made, readers, args.streaming, proto))
     if args.keep:
         print(f"output files kept in {workdir}")
-    return 0
+    print()
 
 
-def report(best: dict[str, Timing], sizes: dict[str, int], changes: int, emitter: str,
-           streaming: str, proto: int) -> str:
-    rows = [("reader", "seconds", "changes/s", "output MB", "throughput ratio",
+def report(best: dict[str, Timing], sizes: dict[str, int], lines: dict[str, int],
+           changes: int, readers: Sequence[str], streaming: str, proto: int) -> str:
+    rows = [("reader", "seconds", "changes/s", "output MB", "lines", "throughput ratio",
              "reader CPU us/change", "server CPU us/change")]
     base = best["recvlogical"].seconds
-    for name, label in (("recvlogical", "pg_recvlogical (raw pgoutput)"),
-                        ("pgdecode", f"pgdecode stream --emitter {emitter}"),
-                        ("floor", "callback path (a plugin that does nothing)")):
+    labels = {"recvlogical": "pg_recvlogical (raw pgoutput)",
+              "floor": "callback path (a plugin that does nothing)"}
+    for name in ("recvlogical", *(r for r in readers if r != "recvlogical")):
         t = best[name]
+        label = labels.get(name, name.replace("pgdecode ", "pgdecode stream: "))
+        # Not a judgement of speed: a reader that skipped changes would look fast.
+        written = f"{lines[name]:,}" if name in lines else ""
         rows.append((label, f"{t.seconds:.2f}", f"{changes / t.seconds:,.0f}",
-                     f"{sizes[name] / 1e6:.1f}", f"{base / t.seconds:.2f}",
+                     f"{sizes[name] / 1e6:.1f}", written, f"{base / t.seconds:.2f}",
                      f"{t.client_cpu / changes * 1e6:.1f}", f"{t.server_cpu / changes * 1e6:.1f}"))
     startup = best["startup"]
     rows.append(("python startup (pgdecode --version)", f"{startup.seconds:.2f}", "", "", "",
-                 f"({startup.client_cpu:.2f} s)", ""))
+                 "", f"({startup.client_cpu:.2f} s)", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"{changes:,} changes, pgoutput protocol {proto}, streaming {streaming}; "
-             "throughput ratio = pg_recvlogical's seconds / the reader's (goal >= 0.8)", ""]
+    out = [f"{changes:,} changes, pgoutput protocol {proto}, streaming {streaming}; "
+           "throughput ratio = pg_recvlogical's seconds / the reader's (goal >= 0.8)", ""]
     for i, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                               for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                             for j, (c, w) in enumerate(zip(row, widths, strict=True))))
         if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
