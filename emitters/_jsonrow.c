@@ -465,62 +465,25 @@ PyDoc_STRVAR(line_doc,
 "line's transaction fields, as the emitter's begin callback leaves them), without the\n"
 "closing brace's newline. None when the Python change callback must handle the message.");
 
-static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
-        return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "line(): data must be bytes");
-        return NULL;
-    }
-    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
-    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    PyObject *fields = PyObject_GetAttr(args[2], fields_str);
+/* The line, with the transaction's fields from txn.output_plugin_private. */
+static int format_txn_line(PyObject *self, Buf *b, const unsigned char *data, size_t size,
+                           unsigned long long lsn, PyObject *txn, Column *old, Column *new,
+                           Py_ssize_t *toast) {
+    PyObject *fields = PyObject_GetAttr(txn, fields_str);
     if (fields == NULL)
-        return NULL;
-    if (!PyBytes_Check(fields)) { /* not begun by the emitter: Python computes them */
-        Py_DECREF(fields);
-        Py_RETURN_NONE;
-    }
-
-    Column stack_cols[2 * 64];
-    Py_ssize_t stack_toast[64];
-    Column *cols = stack_cols;
-    Py_ssize_t *toast = stack_toast;
-    if (self->ncols > 64) {
-        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)self->ncols);
-        toast = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)self->ncols);
-        if (cols == NULL || toast == NULL) {
-            PyMem_Free(cols);
-            PyMem_Free(toast);
-            Py_DECREF(fields);
-            return PyErr_NoMemory();
-        }
-    }
-    Buf b;
-    buf_init(&b);
-    int rc = format_line(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
-                         (size_t)PyBytes_GET_SIZE(data), lsn, fields, cols,
-                         cols + self->ncols, toast);
-    if (rc == OK)
-        rc = put_byte(&b, '}');
-    PyObject *result;
-    if (rc == OK)
-        result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
-    else if (rc == DEFER)
-        result = Py_NewRef(Py_None);
-    else
-        result = NULL;
-    buf_free(&b);
-    if (cols != stack_cols) {
-        PyMem_Free(cols);
-        PyMem_Free(toast);
+        return FAIL;
+    int rc = DEFER; /* fields not bytes: not begun by the emitter, Python computes them */
+    if (PyBytes_Check(fields)) {
+        rc = format_line((RowFormat *)self, b, data, size, lsn, fields, old, new, toast);
+        if (rc == OK)
+            rc = put_byte(b, '}');
     }
     Py_DECREF(fields);
-    return result;
+    return rc;
+}
+
+static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
+    return row_line((PyObject *)self, self->ncols, args, nargs, format_txn_line);
 }
 
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {

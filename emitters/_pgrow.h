@@ -168,4 +168,62 @@ static int read_row_change(const unsigned char *data, size_t size, uint32_t reli
     return p == end ? OK : DEFER; /* trailing bytes: DEFER too */
 }
 
+/* --- line(data, lsn, txn): what every formatter does around its formatting ----------------- */
+
+/* A formatter's work on one message: its text into b, or DEFER, or FAIL with an error set.
+ * It gets the message, its LSN, the plugin's Transaction, room for the old and new tuples'
+ * columns (ncols each) and ncols column indexes of scratch. */
+typedef int (*format_fn)(PyObject *self, Buf *b, const unsigned char *data, size_t size,
+                         unsigned long long lsn, PyObject *txn, Column *old, Column *new,
+                         Py_ssize_t *scratch);
+
+/* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns: the
+ * arguments checked, the columns on the stack (up to 64) or the heap; the text as bytes,
+ * None for DEFER, NULL with the error for FAIL. */
+static PyObject *row_line(PyObject *self, Py_ssize_t ncols, PyObject *const *args,
+                          Py_ssize_t nargs, format_fn format) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "line(): data must be bytes");
+        return NULL;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Column stack_cols[2 * 64];
+    Py_ssize_t stack_scratch[64];
+    Column *cols = stack_cols;
+    Py_ssize_t *scratch = stack_scratch;
+    if (ncols > 64) {
+        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)ncols);
+        scratch = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)ncols);
+        if (cols == NULL || scratch == NULL) {
+            PyMem_Free(cols);
+            PyMem_Free(scratch);
+            return PyErr_NoMemory();
+        }
+    }
+    Buf b;
+    buf_init(&b);
+    int rc = format(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
+                    (size_t)PyBytes_GET_SIZE(data), lsn, args[2], cols, cols + ncols, scratch);
+    PyObject *result;
+    if (rc == OK)
+        result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
+    else if (rc == DEFER)
+        result = Py_NewRef(Py_None);
+    else
+        result = NULL;
+    buf_free(&b);
+    if (cols != stack_cols) {
+        PyMem_Free(cols);
+        PyMem_Free(scratch);
+    }
+    return result;
+}
+
 #endif /* PGDECODE_PGROW_H */

@@ -127,45 +127,20 @@ PyDoc_STRVAR(line_doc,
 "``data`` of this relation, in ``txn``. None when the Python change callback must handle\n"
 "the message (and, under skip-empty-xacts, while ``txn`` has not printed its BEGIN).");
 
+static int format_gated(PyObject *self, Buf *b, const unsigned char *data, size_t size,
+                        unsigned long long lsn, PyObject *txn, Column *old, Column *new,
+                        Py_ssize_t *scratch) {
+    RowFormat *format = (RowFormat *)self;
+    if (format->gated) {
+        int ok = began(txn);
+        if (ok <= 0)
+            return ok < 0 ? FAIL : DEFER;
+    }
+    return format_line(format, b, data, size, old, new);
+}
+
 static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
-        return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "line(): data must be bytes");
-        return NULL;
-    }
-    if (self->gated) {
-        int ok = began(args[2]);
-        if (ok < 0)
-            return NULL;
-        if (!ok)
-            Py_RETURN_NONE;
-    }
-    Column stack_cols[2 * 64];
-    Column *cols = stack_cols;
-    if (self->ncols > 64) {
-        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)self->ncols);
-        if (cols == NULL)
-            return PyErr_NoMemory();
-    }
-    Buf b;
-    buf_init(&b);
-    int rc = format_line(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
-                         (size_t)PyBytes_GET_SIZE(data), cols, cols + self->ncols);
-    PyObject *result;
-    if (rc == OK)
-        result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
-    else if (rc == DEFER)
-        result = Py_NewRef(Py_None);
-    else
-        result = NULL;
-    buf_free(&b);
-    if (cols != stack_cols)
-        PyMem_Free(cols);
-    return result;
+    return row_line((PyObject *)self, self->ncols, args, nargs, format_gated);
 }
 
 static int all_bytes(PyObject *tuple) {

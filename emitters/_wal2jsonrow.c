@@ -110,8 +110,10 @@ static int put_value(RowFormat *self, Buf *b, Py_ssize_t i, const Column *col) {
 }
 
 /* v2_change's text for the message in data, into b. */
-static int format_line(RowFormat *self, Buf *b, const unsigned char *data, size_t size,
-                       unsigned long long lsn, Column *old, Column *new) {
+static int format_line(PyObject *obj, Buf *b, const unsigned char *data, size_t size,
+                       unsigned long long lsn, PyObject *txn, Column *old, Column *new,
+                       Py_ssize_t *scratch) {
+    RowFormat *self = (RowFormat *)obj;
     int action;
     unsigned char old_kind;
     TRY(read_row_change(data, size, self->relid, self->ncols, old, new, &action, &old_kind));
@@ -191,40 +193,7 @@ PyDoc_STRVAR(line_doc,
 "handle the message.");
 
 static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
-        return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "line(): data must be bytes");
-        return NULL;
-    }
-    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
-    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    Column stack_cols[2 * 64];
-    Column *cols = stack_cols;
-    if (self->ncols > 64) {
-        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)self->ncols);
-        if (cols == NULL)
-            return PyErr_NoMemory();
-    }
-    Buf b;
-    buf_init(&b);
-    int rc = format_line(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
-                         (size_t)PyBytes_GET_SIZE(data), lsn, cols, cols + self->ncols);
-    PyObject *result;
-    if (rc == OK)
-        result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
-    else if (rc == DEFER)
-        result = Py_NewRef(Py_None);
-    else
-        result = NULL;
-    buf_free(&b);
-    if (cols != stack_cols)
-        PyMem_Free(cols);
-    return result;
+    return row_line((PyObject *)self, self->ncols, args, nargs, format_line);
 }
 
 static int all_bytes(PyObject *tuple, Py_ssize_t size) {

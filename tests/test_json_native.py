@@ -1,11 +1,11 @@
 """The json emitter's C fast path (emitters/_jsonrow.c) writes exactly the lines of its Python
 change callback, or declines and leaves the change to it.
 
-Each example runs one transaction through two pipelines with the json emitter: one as
-``pgdecode stream`` runs it (the fast path on), one without its ``fast_change`` callback (every
-change through the Python callback, the reference). Their outputs, or their errors, must be
-the same. Server-made values of every type are compared the same way in
-test_emitter_json.py (``test_fast_path_writes_the_callbacks_lines``).
+Each example runs one transaction through two pipelines (tests/native.py): the fast path on,
+as ``pgdecode stream`` runs it, and off (every change through the Python callback, the
+reference). Their outputs, or their errors, must be the same. Server-made values of every
+type are compared the same way in test_emitter_json.py
+(``test_fast_path_writes_the_callbacks_lines``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from native import both, changes, damaged_outcomes_agree, relations, transaction
 from recorders import with_fast_path
 
 from emitters.json import JsonEmitter
@@ -28,12 +29,10 @@ from plugin_framework.pgtypes import NATIVE_KIND, TypeConverters
 from plugin_framework.protocol import (
     Begin,
     Commit,
-    Delete,
     Insert,
     RelationColumn,
     RelationMessage,
     TupleData,
-    Update,
     encode,
 )
 
@@ -123,82 +122,10 @@ ODD: dict[int, st.SearchStrategy[bytes]] = {
 VALUES = {t: st.one_of(v, ODD[t]) if t in ODD else v for t, v in SERVER.items()}
 TYPES = sorted(VALUES)
 
-_names = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"),
-                 min_size=1, max_size=8)
-
-
 @st.composite
-def relations(draw: st.DrawFn) -> tuple[RelationMessage, list[int]]:
-    types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=7))
-    names = draw(st.lists(_names, min_size=len(types), max_size=len(types), unique=True))
-    keys = draw(st.lists(st.booleans(), min_size=len(types), max_size=len(types)))
-    columns = tuple(RelationColumn(k, n, t, -1) for k, n, t in zip(keys, names, types,
-                                                                     strict=True))
-    identity = draw(st.sampled_from("dfi"))
-    return RelationMessage(16400, draw(_names), draw(_names), identity, columns), types
-
-
-@st.composite
-def rows(draw: st.DrawFn, types: list[int]) -> TupleData:
-    kinds, values = [], []
-    for t in types:
-        kind = draw(st.sampled_from("ttttttnu" + ("b" if draw(st.integers(0, 30)) == 0 else "")))
-        kinds.append(ord(kind))
-        values.append(draw(VALUES[t]) if kind in "tb" else None)
-    return TupleData(bytes(kinds), tuple(values))
-
-
-@st.composite
-def changes(draw: st.DrawFn) -> tuple[RelationMessage, list[Any]]:
-    relation, types = draw(relations())
-    out: list[Any] = []
-    for _ in range(draw(st.integers(1, 4))):
-        action = draw(st.sampled_from(["I", "U", "D"]))
-        before = draw(st.sampled_from(["key", "old", "none"]))
-        old = draw(rows(types))
-        new = draw(rows(types))
-        if action == "I":
-            out.append(Insert(relation.relation_id, new))
-        elif action == "U":
-            out.append(Update(relation.relation_id, new,
-                              key=old if before == "key" else None,
-                              old=old if before == "old" else None))
-        else:
-            out.append(Delete(relation.relation_id, key=old if before != "old" else None,
-                              old=old if before == "old" else None))
-    return relation, out
-
-
-# --- the two pipelines ------------------------------------------------------------------------
-
-class Run:
-    """The json emitter's lines for one transaction, or its error; how many changes its fast
-    path wrote and how many it left to the callback."""
-
-    def __init__(self, messages: list[bytes], fast: bool,
-                 options: dict[str, str | None]) -> None:
-        self.used: Counter[str] = Counter()
-        pipeline = Pipeline(proto_version=1)
-        out = MemoryOutput()
-        pipeline.add(with_fast_path(JsonEmitter(), self.used, fast), options=options,
-                     output=out)
-        pipeline.startup()
-        self.error: str | None = None
-        lsn = 0x16B3748
-        try:
-            for data in messages:
-                lsn += 0x100
-                pipeline.feed(data, LSN(lsn))
-        except CallbackError as exc:
-            self.error = f"{type(exc.cause).__name__}: {exc.cause}"
-        self.lines = out.lines
-
-
-def transaction(relation: RelationMessage, body: list[Any]) -> list[bytes]:
-    when = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
-    return [encode(relation), encode(Begin(LSN(0x2000000), when, 741)),
-            *(encode(m) for m in body),
-            encode(Commit(LSN(0x2000000), LSN(0x2000100), when))]
+def examples(draw: st.DrawFn) -> tuple[RelationMessage, list[Any]]:
+    relation = draw(relations(TYPES))
+    return relation, draw(changes(relation, VALUES.__getitem__))
 
 
 def declines(m: Any) -> bool:
@@ -220,18 +147,13 @@ def _utf8(raw: bytes) -> bool:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(changes(), st.sampled_from([{}, {"numeric-as": "number"}, {"bytea": "base64"}]))
+@given(examples(), st.sampled_from([{}, {"numeric-as": "number"}, {"bytea": "base64"}]))
 def test_fast_lines_equal_the_callbacks(example: tuple[RelationMessage, list[Any]],
                                         options: dict[str, str | None]) -> None:
     relation, body = example
-    messages = transaction(relation, body)
-    fast = Run(messages, True, options)
-    reference = Run(messages, False, options)
-    assert fast.error == reference.error
-    assert fast.lines == reference.lines
-    assert not reference.used
+    fast = both(JsonEmitter, transaction(relation, body), options)
     # The fast path is offered every change, and writes every one it can.
-    if reference.error is None:
+    if fast.error is None:
         assert fast.used["fast"] + fast.used["declined"] == len(body)
         assert fast.used["fast"] >= sum(not declines(m) for m in body)
 
@@ -245,37 +167,19 @@ def _server_like(types: list[int]) -> st.SearchStrategy[TupleData]:
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_server_like_rows_all_take_the_fast_path(data: st.DataObject) -> None:
-    relation, types = data.draw(relations())
+    relation = data.draw(relations(TYPES))
+    types = [c.type_oid for c in relation.columns]
     body = [Insert(relation.relation_id, data.draw(_server_like(types))) for _ in range(4)]
-    messages = transaction(relation, body)
-    fast = Run(messages, True, {})
-    reference = Run(messages, False, {})
-    assert fast.error is None and reference.error is None
-    assert fast.lines == reference.lines
+    fast = both(JsonEmitter, transaction(relation, body), {})
+    assert fast.error is None
     assert fast.used == {"fast": 4}
 
 
 @settings(max_examples=300, deadline=None)
-@given(changes(), st.data())
+@given(examples(), st.data())
 def test_damaged_messages_are_left_to_the_decoder(example: tuple[RelationMessage, list[Any]],
                                                   data: st.DataObject) -> None:
-    """A damaged row change is never formatted: the decoder reports it, as without the fast
-    path (or, damaged into another valid message, both print the same)."""
-    relation, body = example
-    messages = transaction(relation, body * 2)
-    index = data.draw(st.integers(3, len(messages) - 2))  # a change after the first
-    raw = bytearray(messages[index])
-    cut = data.draw(st.integers(5, max(5, len(raw))))
-    tail = data.draw(st.binary(max_size=6))
-    messages[index] = bytes(raw[:cut]) + tail
-    outcomes = []
-    for fast in (True, False):
-        try:
-            run = Run(messages, fast, {})
-            outcomes.append((run.error, run.lines))
-        except Exception as exc:  # the decoder's ProtocolError, or the pipeline's
-            outcomes.append((f"{type(exc).__name__}: {exc}", None))
-    assert outcomes[0] == outcomes[1]
+    damaged_outcomes_agree(JsonEmitter, *example, data, {})
 
 
 @pytest.mark.parametrize("raw", [
@@ -287,10 +191,7 @@ def test_array_shapes(raw: bytes) -> None:
     relation = RelationMessage(16400, "public", "t", "d",
                                (RelationColumn(True, "a", 1009, -1),))
     row = TupleData(b"t", (raw,))
-    messages = transaction(relation, [Insert(16400, row), Insert(16400, row)])
-    fast = Run(messages, True, {})
-    reference = Run(messages, False, {})
-    assert (fast.error, fast.lines) == (reference.error, reference.lines)
+    both(JsonEmitter, transaction(relation, [Insert(16400, row), Insert(16400, row)]), {})
 
 
 # --- each native code against the converter that declares it -----------------------------------
@@ -332,12 +233,8 @@ def test_each_native_code_writes_what_its_converter_does(conv: Any, data: st.Dat
     relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "v", t, -1),))
     values = data.draw(st.lists(VALUES[t], min_size=1, max_size=4))
     body = [Insert(16400, TupleData(b"t", (v,))) for v in values]
-    messages = transaction(relation, body)
-    fast = Run(messages, True, options)
-    reference = Run(messages, False, options)
-    assert (fast.error, fast.lines) == (reference.error, reference.lines)
-    assert not reference.used
-    if reference.error is None:
+    fast = both(JsonEmitter, transaction(relation, body), options)
+    if fast.error is None:
         assert fast.used["fast"] + fast.used["declined"] == len(body)
 
 

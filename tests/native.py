@@ -1,0 +1,157 @@
+"""What the emitters' fast-path tests share (test_json_native.py, test_text_native.py,
+test_wal2json_native.py): hypothesis-made relations and row changes, a transaction around
+them, and a run of an emitter through a pipeline with its C formatter on or off.
+
+Each test runs the same messages both ways and requires the same output or the same error:
+the Python change callback is the reference.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import strategies as st
+from recorders import with_fast_path
+
+from plugin_framework import LSN
+from plugin_framework.framework import CallbackError, MemoryOutput, Pipeline
+from plugin_framework.protocol import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    RelationColumn,
+    RelationMessage,
+    TupleData,
+    Update,
+    encode,
+)
+
+WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+RELID = 16400
+
+names = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"),
+                min_size=1, max_size=8)
+
+
+@st.composite
+def relations(draw: st.DrawFn, types: Sequence[int], identities: str = "dfi"
+              ) -> RelationMessage:
+    """A table of 1 to 7 columns of ``types`` under one of the replica ``identities``
+    (pgoutput flags every column of a FULL identity, none of NOTHING)."""
+    chosen = draw(st.lists(st.sampled_from(types), min_size=1, max_size=7))
+    width = len(chosen)
+    column_names = draw(st.lists(names, min_size=width, max_size=width, unique=True))
+    identity = draw(st.sampled_from(identities))
+    keys = draw(st.lists(st.booleans(), min_size=width, max_size=width))
+    if identity in "fn":
+        keys = [identity == "f"] * width
+    columns = tuple(RelationColumn(k, n, t, -1)
+                    for k, n, t in zip(keys, column_names, chosen, strict=True))
+    return RelationMessage(RELID, draw(names), draw(names), identity, columns)
+
+
+@st.composite
+def rows(draw: st.DrawFn, relation: RelationMessage,
+         values: Callable[[int], st.SearchStrategy[bytes]]) -> TupleData:
+    """A tuple of ``relation``: mostly text columns (``values`` by type OID), some null and
+    unchanged-TOAST ones, rarely a binary one."""
+    kinds, out = [], []
+    for column in relation.columns:
+        kind = draw(st.sampled_from("ttttttnu" + ("b" if draw(st.integers(0, 30)) == 0 else "")))
+        kinds.append(ord(kind))
+        out.append(draw(values(column.type_oid)) if kind in "tb" else None)
+    return TupleData(bytes(kinds), tuple(out))
+
+
+@st.composite
+def changes(draw: st.DrawFn, relation: RelationMessage,
+            values: Callable[[int], st.SearchStrategy[bytes]]) -> list[Any]:
+    """1 to 4 row changes of ``relation``, with a key, a whole old row, or no old tuple."""
+    out: list[Any] = []
+    for _ in range(draw(st.integers(1, 4))):
+        action = draw(st.sampled_from(["I", "U", "D"]))
+        before = draw(st.sampled_from(["key", "old", "none"]))
+        old, new = draw(rows(relation, values)), draw(rows(relation, values))
+        if action == "I":
+            out.append(Insert(relation.relation_id, new))
+        elif action == "U":
+            out.append(Update(relation.relation_id, new,
+                              key=old if before == "key" else None,
+                              old=old if before == "old" else None))
+        else:
+            out.append(Delete(relation.relation_id, key=old if before != "old" else None,
+                              old=old if before == "old" else None))
+    return out
+
+
+def transaction(relation: RelationMessage, body: list[Any], xid: int = 741) -> list[bytes]:
+    """The encoded Relation message, then ``body`` in a transaction (a later xid commits
+    later: a transaction sent again would be skipped as delivered)."""
+    end = LSN(0x2000000 + 0x1000 * (xid - 741))
+    return [encode(relation), encode(Begin(end, WHEN, xid)),
+            *(encode(m) for m in body), encode(Commit(end, LSN(end + 0x100), WHEN))]
+
+
+def binary(change: Any) -> bool:
+    """Whether a change has a binary-format column (the C formatters leave those to Python)."""
+    return any(row is not None and b"b" in row.kinds
+               for row in (getattr(change, "new", None), getattr(change, "key", None),
+                           getattr(change, "old", None)))
+
+
+class Run:
+    """An emitter's records for some messages, or its error; how many changes its formatter
+    wrote ("fast") and left to the change callback ("declined")."""
+
+    def __init__(self, plugin: Callable[[], Any], messages: list[bytes], fast: bool,
+                 options: dict[str, str | None], proto: int = 1) -> None:
+        self.used: Counter[str] = Counter()
+        pipeline = Pipeline(proto_version=proto)
+        out = MemoryOutput()
+        pipeline.add(with_fast_path(plugin(), self.used, fast), options=dict(options),
+                     output=out)
+        pipeline.startup()
+        self.error: str | None = None
+        lsn = 0x16B3748
+        try:
+            for data in messages:
+                lsn += 0x100
+                pipeline.feed(data, LSN(lsn))
+        except CallbackError as exc:
+            self.error = f"{type(exc.cause).__name__}: {exc.cause}"
+        self.lines = out.lines
+
+
+def both(plugin: Callable[[], Any], messages: list[bytes], options: dict[str, str | None],
+         proto: int = 1) -> Run:
+    """The run with the formatter, checked against the run without it (the reference)."""
+    fast = Run(plugin, messages, True, options, proto)
+    reference = Run(plugin, messages, False, options, proto)
+    assert fast.error == reference.error
+    assert fast.lines == reference.lines
+    assert not reference.used
+    return fast
+
+
+def damaged_outcomes_agree(plugin: Callable[[], Any], relation: RelationMessage,
+                           body: list[Any], data: st.DataObject,
+                           options: dict[str, str | None]) -> None:
+    """A damaged row change is never formatted: the decoder reports it, as without the fast
+    path (or, damaged into another valid message, both print the same)."""
+    messages = transaction(relation, body * 2)
+    index = data.draw(st.integers(3, len(messages) - 2))  # a change after the first
+    raw = bytearray(messages[index])
+    cut = data.draw(st.integers(5, max(5, len(raw))))
+    messages[index] = bytes(raw[:cut]) + data.draw(st.binary(max_size=6))
+    outcomes = []
+    for fast in (True, False):
+        try:
+            run = Run(plugin, messages, fast, options)
+            outcomes.append((run.error, run.lines))
+        except Exception as exc:  # the decoder's ProtocolError, or the pipeline's
+            outcomes.append((f"{type(exc).__name__}: {exc}", None))
+    assert outcomes[0] == outcomes[1]
