@@ -321,3 +321,43 @@ def test_the_c_header_is_generated_from_the_tags() -> None:
     assert header.read_text(encoding="ascii") == c_header()
     for tag in MessageTag:
         assert f"#define PGOUTPUT_MSG_{tag.name} " in c_header()
+
+
+# --- the C TupleData reader (protocol/_tuples.c) against the Python one it mirrors ------------
+
+def test_the_c_tuple_reader_is_built() -> None:
+    """`pip install` compiles it; without it, the tests below would compare nothing."""
+    from plugin_framework.protocol import decoder
+
+    assert decoder._c_read_tuple is not None
+
+
+def _tuple_bytes() -> st.SearchStrategy[bytes]:
+    """Well-formed TupleData (of every column kind) followed by anything."""
+    column = st.one_of(st.just(b"n"), st.just(b"u"),
+                       st.tuples(st.sampled_from([b"t", b"b"]), st.binary(max_size=20)).map(
+                           lambda kv: kv[0] + len(kv[1]).to_bytes(4, "big") + kv[1]))
+    return st.builds(lambda cols, tail: len(cols).to_bytes(2, "big") + b"".join(cols) + tail,
+                     st.lists(column, max_size=12), st.binary(max_size=4))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(_tuple_bytes(), st.binary(max_size=40),
+                 _tuple_bytes().flatmap(lambda raw: st.integers(0, len(raw)).map(
+                     lambda cut: raw[:cut]))),
+       st.binary(min_size=1, max_size=3))  # a message's type byte, at least, comes first
+def test_c_tuple_reader_equals_the_python_one(raw: bytes, head: bytes) -> None:
+    """Where the Python reader reads a tuple, the C one reads the same kinds, values and end;
+    where it raises, the C one returns None (and the Python one then raises, as before)."""
+    from plugin_framework.protocol import decoder
+
+    data = head + raw
+    found = decoder._c_read_tuple(data, len(head))
+    try:
+        expected, end = decoder._read_tuple_py(data, len(head))
+    except ProtocolError:
+        assert found is None
+        return
+    assert found is not None
+    assert (found[0], found[1], found[2]) == (expected.kinds, expected.values, end)
+    assert type(found[0]) is bytes and all(v is None or type(v) is bytes for v in found[1])

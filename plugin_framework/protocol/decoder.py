@@ -53,6 +53,11 @@ from plugin_framework.protocol.messages import (
 from plugin_framework.protocol.pgtime import from_pg_micros
 from plugin_framework.protocol.tags import STREAMING_TAGS, MessageTag
 
+try:
+    from plugin_framework.protocol._tuples import read_tuple as _c_read_tuple
+except ImportError:  # installed without a C compiler: tuples are read in Python
+    _c_read_tuple = None  # type: ignore[assignment]
+
 MIN_PROTO_VERSION: Final = 1
 MAX_PROTO_VERSION: Final = 4
 
@@ -414,7 +419,19 @@ class Decoder:
 
 
 def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
-    """Parse TupleData at ``pos``; return it and the offset just past it.
+    """Parse TupleData at ``pos``; return it and the offset just past it. The C reader
+    (_tuples.c) where it is built, else, and for anything it finds malformed (whose error
+    this one raises), ``_read_tuple_py``."""
+    if _c_read_tuple is not None:
+        found = _c_read_tuple(data, pos)
+        if found is not None:
+            return _make_tuple_data(found[0], found[1]), found[2]
+    return _read_tuple_py(data, pos)
+
+
+def _read_tuple_py(data: bytes, pos: int) -> tuple[TupleData, int]:
+    """Parse TupleData at ``pos``; return it and the offset just past it (the reference
+    that the C reader mirrors).
 
     The hot path: per column, one length unpack and one slice, no other call. Most rows are text
     in every column, so a first loop reads text columns without recording their kinds one by
