@@ -33,6 +33,7 @@ from plugin_framework.protocol import (
     RelationColumn,
     RelationMessage,
     TupleData,
+    Update,
     encode,
 )
 
@@ -341,15 +342,38 @@ def test_a_plugin_without_a_formatter_still_gets_its_change_callback() -> None:
     assert json_out.lines == _both(messages)[0]
 
 
-def test_no_fast_path_under_a_change_filter() -> None:
-    """Row filters and column lists change what the callback gets: then it always runs."""
-    out = MemoryOutput()
-    pipeline, used = _json_pipeline(True, out)
-    pipeline.change_filter = lambda change: change if change.new.text("id") == "1" else None
-    _feed(pipeline, [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
-                     Insert(16401, _row(b"2", b"b")), _commit()])
-    assert [orjson.loads(x)["new"]["id"] for x in out.lines] == [1]
-    assert not used
+def test_under_a_change_filter_only_unaltered_changes_take_the_fast_path() -> None:
+    """Row filters and column lists decide on the decoded change; one the filter passes
+    unaltered (the very object it was given) is formatted from its raw message, one it
+    alters (a column list, an UPDATE published as an INSERT) goes to the callback."""
+    from dataclasses import replace
+
+    from plugin_framework.framework import Action
+
+    def only_some(change: Any) -> Any:
+        ident = change.new.text("id")
+        if ident == "2":
+            return None
+        if ident == "3":
+            return replace(change, action=Action.INSERT, old=None, old_is_key=False)
+        return change
+
+    messages = [TABLE, _begin(), Insert(16401, _row(b"1", b"a")),
+                Insert(16401, _row(b"2", b"b")),
+                Update(16401, _row(b"3", b"c"), key=_row(b"3", None)),
+                Insert(16401, _row(b"4", b"d")), _commit()]
+    outs = []
+    for fast in (True, False):
+        out = MemoryOutput()
+        pipeline, used = _json_pipeline(fast, out)
+        pipeline.change_filter = only_some
+        _feed(pipeline, messages)
+        outs.append(out.lines)
+        if fast:
+            assert used == {"fast": 2}
+    assert outs[0] == outs[1]
+    assert [(orjson.loads(x)["op"], orjson.loads(x)["new"]["id"]) for x in outs[0]] == [
+        ("insert", 1), ("insert", 3), ("insert", 4)]
 
 
 def test_a_cut_short_transaction_is_taken_back_from_the_file(tmp_path: Any) -> None:

@@ -45,6 +45,7 @@ def filtered_workload(db: Any, *slots: str) -> str:
     db.execute("CREATE PUBLICATION everything FOR TABLE t")
     db.execute("CREATE PUBLICATION filtered FOR TABLE t (id, region) "
                "WHERE (region = 'NSW' AND id > 2)")
+    db.execute("CREATE PUBLICATION rows_only FOR TABLE t WHERE (region = 'NSW' AND id > 2)")
     for slot in slots:
         db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     with db.connect(autocommit=True) as conn:
@@ -79,6 +80,28 @@ def test_cli_filters_match_the_servers(db: Any, tmp_path: Path) -> None:
     assert any(c.startswith("UPDATE: ") and "id[integer]:6 " in c for c in changes)
     assert not any("id[integer]:1 " in c for c in changes)
     assert not any("n[integer]" in c for c in changes)
+
+
+def test_a_row_filter_alone_matches_the_server_through_the_fast_path(db: Any,
+                                                                     tmp_path: Path) -> None:
+    """Without a column list, the changes the filter passes unaltered are printed by the
+    emitter's C formatter from the raw message (docs/framework.md, "fast_change"); those it
+    turns into an INSERT or a DELETE by the callback. Both as the server publishes them."""
+    server_slot, client_slot = f"{db.dbname}_server", f"{db.dbname}_client"
+    end = filtered_workload(db, server_slot, client_slot)
+    server, client = tmp_path / "server.out", tmp_path / "client.out"
+    done = stream_text(db, server_slot, "rows_only", server, end)
+    assert done.returncode == 0, done.stderr
+    done = stream_text(db, client_slot, "everything", client, end,
+                       "--row-filter", "public.t:(region = 'NSW' AND id > 2)")
+    assert done.returncode == 0, done.stderr
+    lines = client.read_text().splitlines()
+    assert lines == server.read_text().splitlines()
+    changes = [line.removeprefix("table public.t: ") for line in lines
+               if line.startswith("table ")]
+    assert "INSERT: id[integer]:6 region[text]:'NSW' n[integer]:6" in changes
+    assert any(c.startswith("DELETE: id[integer]:4 ") for c in changes), changes
+    assert "INSERT: id[integer]:5 region[text]:'NSW' n[integer]:5" in changes
 
 
 def test_bad_filter_fails_before_streaming(db: Any, tmp_path: Path) -> None:

@@ -185,6 +185,14 @@ class ReorderBufferState:
     def _change(self, m: Insert | Update | Delete, lsn: LSN,
                 state: TxnState | None) -> Change | None:
         """The Change a message describes, after ``change_filter`` (None: filtered out)."""
+        change = self._unfiltered_change(m, lsn, state)
+        if self.change_filter is not None:
+            return self.change_filter(change)
+        return change
+
+    def _unfiltered_change(self, m: Insert | Update | Delete, lsn: LSN,
+                           state: TxnState | None) -> Change:
+        """The Change a message describes."""
         rel = self._relation(m.relation_id, state)
         change: Change
         if type(m) is Insert:
@@ -200,8 +208,6 @@ class ReorderBufferState:
             assert before is not None
             change = new_change(DELETE, rel, None, Row(rel, before), m.key is not None, lsn,
                                 m.xid)
-        if self.change_filter is not None:
-            return self.change_filter(change)
         return change
 
     def _truncate_args(self, m: Truncate, lsn: LSN,

@@ -277,8 +277,11 @@ class Pipeline(Streams, TwoPhase):
                                                   self.relations.get(m.relation_id))
                 state.spool.append(lsn, 0, False, raw)
             self.relations[m.relation_id] = rel
-            if state is not None and state.fast is not None:
-                state.fast.pop(m.relation_id, None)  # formatters of the old description
+            if state is not None:  # formatters of the old description
+                if state.fast is not None:
+                    state.fast.pop(m.relation_id, None)
+                if state.filtered_fast is not None:
+                    state.filtered_fast.pop(m.relation_id, None)
 
     def _on_type(self, m: Type, lsn: LSN, raw: bytes | None) -> None:
         self.type_names[m.type_oid] = (m.namespace, m.name)
@@ -300,11 +303,16 @@ class Pipeline(Streams, TwoPhase):
             state = self._current("change")
         state.counts[key] = state.counts.get(key, 0) + 1
         live = state.live
-        change = self._change(m, lsn, state) if live else None
-        if change is not None:
-            members = self.members
-            for i in live:
-                members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
+        if live:
+            built = self._unfiltered_change(m, lsn, state)
+            change = built if self.change_filter is None else self.change_filter(built)
+            if change is built and raw is not None and state.filtered_fast is not None:
+                # passed unaltered: the raw message is the change, for the formatters
+                self._filtered_fast_change(state, change, raw, lsn)
+            elif change is not None:
+                members = self.members
+                for i in live:
+                    members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 

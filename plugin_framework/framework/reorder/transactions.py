@@ -77,9 +77,11 @@ class Transactions(Holding):
                 state.held.append(i)
         if state.held:
             state.spool = Spool(self.budget)
-        if self.change_filter is None and any(
-                self.members[i].fast_change is not None for i in state.live):
-            state.fast = {}
+        if any(self.members[i].fast_change is not None for i in state.live):
+            if self.change_filter is None:
+                state.fast = {}
+            else:
+                state.filtered_fast = {}
 
     def _on_commit(self, m: Commit, lsn: LSN, raw: bytes | None) -> None:
         state = self._current("commit")
@@ -99,6 +101,27 @@ class Transactions(Holding):
         """Each live member's fast_change formatter for a relation (see ``_formatters``)."""
         return self._formatters([(i, self._view(state, i)) for i in state.live],
                                 self.relations.get(relid), state.base.first_lsn or LSN(0))
+
+    def _filtered_fast_change(self, state: TxnState, change: Change, data: bytes,
+                              lsn: LSN) -> None:
+        """A row change that the change_filter passed unaltered, for the live members:
+        through their formatters where they have one (and take it), else the callback."""
+        assert state.filtered_fast is not None
+        relid = change.relation.relation_id
+        if relid in state.filtered_fast:
+            writers = state.filtered_fast[relid]
+        else:
+            writers = state.filtered_fast[relid] = self._formatters(
+                [(i, self._view(state, i)) for i in state.live], change.relation,
+                state.base.first_lsn or LSN(0))
+        xid = state.base.xid
+        if writers is None:
+            for i in state.live:
+                self.members[i].call_change(lsn, xid, self._view(state, i), change)
+            return
+        for member, view, write in writers:
+            if write is None or not member.call_fast_change(write, data, lsn, xid, view):
+                member.call_change(lsn, xid, view, change)
 
     def _fast_change(self, state: TxnState, writers: list[FastWriter], data: bytes,
                      lsn: LSN) -> None:

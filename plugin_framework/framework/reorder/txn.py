@@ -93,6 +93,9 @@ class TxnState:
     # callback: per relation id, each live member with its view and its formatter, or None
     # when no live member has a formatter for that relation.
     fast: dict[int, list[FastWriter] | None] | None = None
+    # The same under a change_filter: used for a change the filter passes unaltered (the raw
+    # message then says exactly what the change callback would get), after the filter.
+    filtered_fast: dict[int, list[FastWriter] | None] | None = None
     # row changes received, and TRUNCATEd relations, by (xid, relation id, pgoutput tag): the
     # pipeline's ``delivered`` counts once the transaction commits. The xid is a streamed
     # change's (sub)transaction, whose counts go with its abort; 0 for the others.
