@@ -323,13 +323,13 @@ def test_the_c_header_is_generated_from_the_tags() -> None:
         assert f"#define PGOUTPUT_MSG_{tag.name} " in c_header()
 
 
-# --- the C TupleData reader (protocol/_tuples.c) against the Python one it mirrors ------------
+# --- the C TupleData reader (protocol/native/_tuples.c) against the Python one it mirrors -----
 
 def test_the_c_tuple_reader_is_built() -> None:
     """`pip install` compiles it; without it, the tests below would compare nothing."""
-    from plugin_framework.protocol import decoder
+    from plugin_framework.protocol import tuples
 
-    assert decoder._c_read_tuple is not None
+    assert tuples.c_read_tuple is not None
 
 
 def _tuple_bytes() -> st.SearchStrategy[bytes]:
@@ -349,12 +349,12 @@ def _tuple_bytes() -> st.SearchStrategy[bytes]:
 def test_c_tuple_reader_equals_the_python_one(raw: bytes, head: bytes) -> None:
     """Where the Python reader reads a tuple, the C one reads the same kinds, values and end;
     where it raises, the C one returns None (and the Python one then raises, as before)."""
-    from plugin_framework.protocol import decoder
+    from plugin_framework.protocol import tuples
 
     data = head + raw
-    found = decoder._c_read_tuple(data, len(head))
+    found = tuples.c_read_tuple(data, len(head))
     try:
-        expected, end = decoder._read_tuple_py(data, len(head))
+        expected, end = tuples.read_tuple_py(data, len(head))
     except ProtocolError:
         assert found is None
         return

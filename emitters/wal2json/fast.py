@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from emitters.wal2json import relation as _relation
+from emitters.wal2json.relation import (
+    bool_value,
+    bytea_value,
+    number_string_value,
+    number_value,
+    string_value,
+)
 from emitters.wal2json.state import Converter, Rel, State
 
 try:
@@ -26,11 +32,11 @@ FAST_PATH_BUILT: Final = _wal2jsonrow is not None
 
 # relation.py's converters -> the C module's value codes
 _CODES: Final[dict[Converter, int]] = {} if _wal2jsonrow is None else {
-    _relation.string_value: _wal2jsonrow.STRING,
-    _relation.number_value: _wal2jsonrow.NUMBER,
-    _relation.number_string_value: _wal2jsonrow.NUMBER_STRING,
-    _relation.bool_value: _wal2jsonrow.BOOL,
-    _relation.bytea_value: _wal2jsonrow.BYTEA,
+    string_value: _wal2jsonrow.STRING,
+    number_value: _wal2jsonrow.NUMBER,
+    number_string_value: _wal2jsonrow.NUMBER_STRING,
+    bool_value: _wal2jsonrow.BOOL,
+    bytea_value: _wal2jsonrow.BYTEA,
 }
 
 

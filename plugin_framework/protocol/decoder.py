@@ -22,10 +22,6 @@ from plugin_framework.protocol.errors import (
 )
 from plugin_framework.protocol.lsn import LSN
 from plugin_framework.protocol.messages import (
-    KIND_BINARY,
-    KIND_NULL,
-    KIND_TEXT,
-    KIND_UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
     Commit,
@@ -52,11 +48,9 @@ from plugin_framework.protocol.messages import (
 )
 from plugin_framework.protocol.pgtime import from_pg_micros
 from plugin_framework.protocol.tags import STREAMING_TAGS, MessageTag
-
-try:
-    from plugin_framework.protocol._tuples import read_tuple as _c_read_tuple
-except ImportError:  # installed without a C compiler: tuples are read in Python
-    _c_read_tuple = None  # type: ignore[assignment]
+from plugin_framework.protocol.tuples import read_tuple as _read_tuple
+from plugin_framework.protocol.tuples import show as _show
+from plugin_framework.protocol.tuples import truncated as _truncated
 
 MIN_PROTO_VERSION: Final = 1
 MAX_PROTO_VERSION: Final = 4
@@ -418,81 +412,12 @@ class Decoder:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _read_tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
-    """Parse TupleData at ``pos``; return it and the offset just past it. The C reader
-    (_tuples.c) where it is built, else, and for anything it finds malformed (whose error
-    this one raises), ``_read_tuple_py``."""
-    if _c_read_tuple is not None:
-        found = _c_read_tuple(data, pos)
-        if found is not None:
-            return _make_tuple_data(found[0], found[1]), found[2]
-    return _read_tuple_py(data, pos)
-
-
-def _read_tuple_py(data: bytes, pos: int) -> tuple[TupleData, int]:
-    """Parse TupleData at ``pos``; return it and the offset just past it (the reference
-    that the C reader mirrors).
-
-    The hot path: per column, one length unpack and one slice, no other call. Most rows are text
-    in every column, so a first loop reads text columns without recording their kinds one by
-    one; from the first column of another kind, the general loop takes over.
-    """
-    size = len(data)
-    if size < pos + 2:
-        raise _truncated(data, "column count of a tuple")
-    ncols = (data[pos] << 8) | data[pos + 1]
-    pos += 2
-    values: list[bytes | None] = [None] * ncols  # null and unchanged TOAST stay None
-    unpack_len = _U32.unpack_from
-    i = 0
-    try:
-        while i < ncols and data[pos] == KIND_TEXT:
-            start = pos + 5
-            pos = start + unpack_len(data, pos + 1)[0]
-            if pos > size:
-                raise _truncated(data, f"value of column {i} ({pos - start} bytes)")
-            values[i] = data[start:pos]
-            i += 1
-        if i == ncols:
-            return _make_tuple_data(b"t" * ncols, tuple(values)), pos
-
-        first_other = i
-        kinds = bytearray(b"t") * ncols
-        for i in range(first_other, ncols):
-            kind = kinds[i] = data[pos]
-            if kind == KIND_NULL or kind == KIND_UNCHANGED_TOAST:
-                pos += 1
-            elif kind == KIND_TEXT or kind == KIND_BINARY:
-                start = pos + 5
-                pos = start + unpack_len(data, pos + 1)[0]
-                if pos > size:
-                    raise _truncated(data, f"value of column {i} ({pos - start} bytes)")
-                values[i] = data[start:pos]
-            else:
-                raise InvalidFieldError(
-                    f"unknown column kind {_show(kind)} of column {i}, "
-                    "expected 'n', 'u', 't' or 'b'",
-                    pos, chr(data[0]),
-                )
-    except (IndexError, struct.error):
-        raise _truncated(data, f"column {i} of {ncols}") from None
-    return _make_tuple_data(bytes(kinds), tuple(values)), pos
-
-
-# TupleData and the change messages are built by setting their slots (see _frozen.py).
-_TD_KINDS, _TD_VALUES = frozen_setters(TupleData, "kinds", "values")
+# The change messages are built by setting their slots (see _frozen.py).
 _INS_RELID, _INS_NEW, _INS_XID = frozen_setters(Insert, "relation_id", "new", "xid")
 _UPD_RELID, _UPD_NEW, _UPD_KEY, _UPD_OLD, _UPD_XID = frozen_setters(
     Update, "relation_id", "new", "key", "old", "xid")
 _DEL_RELID, _DEL_KEY, _DEL_OLD, _DEL_XID = frozen_setters(
     Delete, "relation_id", "key", "old", "xid")
-
-
-def _make_tuple_data(kinds: bytes, values: tuple[bytes | None, ...]) -> TupleData:
-    row: TupleData = new_object(TupleData)
-    _TD_KINDS(row, kinds)
-    _TD_VALUES(row, values)
-    return row
 
 
 def _make_insert(relation_id: int, new: TupleData, xid: int | None) -> Insert:
@@ -588,20 +513,10 @@ def _end(data: bytes, pos: int) -> None:
         raise _trailing(data, pos)
 
 
-def _truncated(data: bytes, what: str) -> ProtocolError:
-    return TruncatedMessageError(
-        f"message ends after {len(data)} bytes while reading {what}", len(data), chr(data[0])
-    )
-
-
 def _trailing(data: bytes, pos: int) -> ProtocolError:
     return InvalidFieldError(
         f"{len(data) - pos} unexpected trailing bytes after the message", pos, chr(data[0])
     )
-
-
-def _show(byte: int) -> str:
-    return repr(chr(byte)) if 0x20 < byte < 0x7F else f"byte 0x{byte:02x}"
 
 
 def _unknown_type(byte: int, proto_version: int) -> ProtocolError:

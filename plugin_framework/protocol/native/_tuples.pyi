@@ -1,3 +1,3 @@
-# The C module plugin_framework/protocol/_tuples.c: the decoder's TupleData reader.
+# The C module plugin_framework/protocol/native/_tuples.c: the decoder's TupleData reader.
 
 def read_tuple(data: bytes, pos: int, /) -> tuple[bytes, tuple[bytes | None, ...], int] | None: ...

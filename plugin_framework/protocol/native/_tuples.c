@@ -1,7 +1,8 @@
 /*
- * plugin_framework.protocol._tuples: pgoutput's TupleData read in C, the decoder's hot spot.
+ * plugin_framework.protocol.native._tuples: pgoutput's TupleData read in C, the decoder's hot
+ * spot.
  *
- * read_tuple(data, pos) mirrors decoder.py's _read_tuple, which stays the reference: it
+ * read_tuple(data, pos) mirrors protocol/tuples.py's read_tuple_py, the reference: it
  * returns (kinds, values, end), the same kinds bytes and values tuple the Python code builds
  * (None for null and unchanged-TOAST columns) and the offset past the tuple, or None for
  * anything malformed, which the Python code then reads again to raise the exact error.
@@ -89,8 +90,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "plugin_framework.protocol._tuples",
-    .m_doc = "pgoutput's TupleData read in C (the reference is decoder.py's _read_tuple).",
+    .m_name = "plugin_framework.protocol.native._tuples",
+    .m_doc = "pgoutput's TupleData read in C (the reference: protocol/tuples.py's read_tuple_py).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -1,0 +1,4 @@
+"""The protocol layer's compiled speedups (optional: built by ``pip install`` where there is a
+C compiler). Each mirrors Python code that stays the reference: ``_tuples`` reads TupleData
+as ``protocol/tuples.py`` does. This package imports nothing, so that the modules it speeds
+up can import it."""
