@@ -483,10 +483,12 @@ static int format_txn_line(PyObject *self, Buf *b, const unsigned char *data, si
 }
 
 static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    return row_line((PyObject *)self, self->ncols, args, nargs, format_txn_line);
+    return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_txn_line);
 }
 
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
+    if (init_once(self->heads) < 0)
+        return -1;
     static char *kwlist[] = {"relid", "heads", "names", "codes", "converters", "key_idx",
                              "dumps", NULL};
     unsigned long relid;

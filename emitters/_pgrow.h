@@ -177,11 +177,26 @@ typedef int (*format_fn)(PyObject *self, Buf *b, const unsigned char *data, size
                          unsigned long long lsn, PyObject *txn, Column *old, Column *new,
                          Py_ssize_t *scratch);
 
-/* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns: the
- * arguments checked, the columns on the stack (up to 64) or the heap; the text as bytes,
- * None for DEFER, NULL with the error for FAIL. */
-static PyObject *row_line(PyObject *self, Py_ssize_t ncols, PyObject *const *args,
-                          Py_ssize_t nargs, format_fn format) {
+/* A RowFormat is initialised once: line() sizes its column arrays from ncols before it calls
+ * Python (attribute lookups on txn), so a second __init__ must not change them under it.
+ * `made` is the object's heads, NULL until __init__ ran. */
+static int init_once(PyObject *made) {
+    if (made != NULL) {
+        PyErr_SetString(PyExc_TypeError, "RowFormat.__init__ runs once: make a new RowFormat");
+        return -1;
+    }
+    return 0;
+}
+
+/* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns (`made`:
+ * its heads, NULL if __init__ never ran): the arguments checked, the columns on the stack
+ * (up to 64) or the heap; the text as bytes, None for DEFER, NULL with the error for FAIL. */
+static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
+                          PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+    if (made == NULL) {
+        PyErr_SetString(PyExc_TypeError, "RowFormat.__init__ was not called");
+        return NULL;
+    }
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
         return NULL;

@@ -140,7 +140,7 @@ static int format_gated(PyObject *self, Buf *b, const unsigned char *data, size_
 }
 
 static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    return row_line((PyObject *)self, self->ncols, args, nargs, format_gated);
+    return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_gated);
 }
 
 static int all_bytes(PyObject *tuple) {
@@ -151,6 +151,8 @@ static int all_bytes(PyObject *tuple) {
 }
 
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
+    if (init_once(self->heads) < 0)
+        return -1;
     static char *kwlist[] = {"relid", "heads", "styles", "opens", "bares", "gated", NULL};
     unsigned long relid;
     PyObject *heads, *opens, *bares;

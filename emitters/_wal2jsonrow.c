@@ -193,7 +193,7 @@ PyDoc_STRVAR(line_doc,
 "handle the message.");
 
 static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
-    return row_line((PyObject *)self, self->ncols, args, nargs, format_line);
+    return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_line);
 }
 
 static int all_bytes(PyObject *tuple, Py_ssize_t size) {
@@ -227,6 +227,8 @@ static Py_ssize_t *indexes(PyObject *tuple, Py_ssize_t ncols, Py_ssize_t *count)
 }
 
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
+    if (init_once(self->heads) < 0)
+        return -1;
     static char *kwlist[] = {"relid", "heads", "schema_table", "befores", "afters", "pks",
                              "codes", "key", "pk", "actions", "with_lsn", "with_pk",
                              "has_identity", NULL};

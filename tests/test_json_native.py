@@ -416,3 +416,27 @@ def test_formatters_may_decline_and_are_held_to_textual_output() -> None:
     assert out.lines[0] == "fast" and orjson.loads(out.lines[1])["new"] == {"id": 3}
     with pytest.raises(CallbackError, match=r"in the change callback.*invalid UTF-8"):
         _feed(pipeline, [_begin(742), Insert(16402, TupleData(b"t", (b"13",)))])
+
+
+FORMATTERS = {
+    "json": ("_jsonrow", ((1, (b"",) * 6, (b'"a"',), b"\0", (bytes,), (), bytes), {})),
+    "text": ("_textrow", ((1, (b"a", b"b", b"c"), b"\0", (b"x",), (b"y",), False), {})),
+    "wal2json": ("_wal2jsonrow", ((1, (b"a", b"b", b"c"), b"", (b"x",), (b"y",), (b"z",), b"\0",
+                                   (0,), (), 7, False, False, True), {})),
+}
+
+
+@pytest.mark.parametrize("name", list(FORMATTERS))
+def test_formatters_are_initialised_once(name: str) -> None:
+    """line() sizes its column arrays before it calls into Python: a second __init__ (or a
+    line() before any) must be refused, not read out of bounds."""
+    import importlib
+
+    module_name, (args, kwargs) = FORMATTERS[name]
+    module = importlib.import_module(f"emitters.{module_name}")
+    bare = module.RowFormat.__new__(module.RowFormat)
+    with pytest.raises(TypeError, match="not called"):
+        bare.line(b"I\0\0\0\1N\0\0", 0, None)
+    made = module.RowFormat(*args, **kwargs)
+    with pytest.raises(TypeError, match="runs once"):
+        made.__init__(*args, **kwargs)

@@ -153,6 +153,10 @@ class Wal2JsonEmitter(OutputPlugin):
             return None
         r = st.rels.get(relation.relation_id)
         if r is None or r.relation is not relation:
+            if not (st.do_insert and st.do_update and st.do_delete):
+                # The callback plans a table (catalog queries, warnings) only for a change
+                # it prints: leave this relation's first transaction to it.
+                return None
             try:
                 r = compile_relation(st, relation)
             except ValueError:

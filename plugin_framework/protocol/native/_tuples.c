@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 #define KIND_NULL 'n'
 #define KIND_UNCHANGED_TOAST 'u'
@@ -51,12 +52,13 @@ static PyObject *read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t 
         } else if (kind == KIND_TEXT || kind == KIND_BINARY) {
             if (size - pos < 5)
                 goto malformed;
-            Py_ssize_t len = ((Py_ssize_t)data[pos + 1] << 24) | ((Py_ssize_t)data[pos + 2] << 16)
-                           | ((Py_ssize_t)data[pos + 3] << 8) | data[pos + 4];
+            uint32_t len = ((uint32_t)data[pos + 1] << 24) | ((uint32_t)data[pos + 2] << 16)
+                         | ((uint32_t)data[pos + 3] << 8) | data[pos + 4];
             pos += 5;
-            if (len > size - pos)
+            if ((size_t)len > (size_t)(size - pos))
                 goto malformed;
-            PyObject *value = PyBytes_FromStringAndSize((const char *)data + pos, len);
+            PyObject *value = PyBytes_FromStringAndSize((const char *)data + pos,
+                                                        (Py_ssize_t)len);
             if (value == NULL)
                 goto error;
             PyTuple_SET_ITEM(values, i, value);
