@@ -91,13 +91,13 @@ class ReorderBufferState:
         # op): insert, update, delete, truncate, snapshot (read by the metrics collector)
         self.delivered: dict[tuple[str, str, str], int] = {}
 
-    # --- a member's part of a transaction -------------------------------------------------------
-
-
     @property
     def prepared_held(self) -> int:
         """Prepared transactions received and awaiting COMMIT or ROLLBACK PREPARED."""
         return len(self._prepared)
+
+    # --- a member's part of a transaction -------------------------------------------------------
+
     def _view(self, state: TxnState, i: int) -> Transaction:
         """Member i's own copy of the transaction (plugins may annotate theirs)."""
         view = state.views.get(i)
@@ -119,6 +119,38 @@ class ReorderBufferState:
                      else None)
             writers.append((member, view, write))
         return writers if any(w[2] is not None for w in writers) else None
+
+    def _deliver(self, writers: list[FastWriter], data: bytes, lsn: LSN, xid: int,
+                 change: Change | None, *, raw: bytes | None = None,
+                 decoder: Decoder | None = None, state: TxnState | None = None) -> None:
+        """A row change for the members in ``writers``: a member's formatter writes it from
+        the raw message ``data`` (a streamed change's without its xid) if it has one and
+        takes it; the others get the change callback with ``change``. With no
+        ``change_filter``, ``change`` may be None: it is then read, once and only if a member
+        needs it, from ``raw`` (default ``data``) by ``decoder`` in ``state``."""
+        for member, view, write in writers:
+            if write is not None and member.call_fast_change(write, data, lsn, xid, view):
+                continue
+            if change is None:
+                assert decoder is not None and self.change_filter is None
+                message = decoder.decode(data if raw is None else raw)
+                assert isinstance(message, Insert | Update | Delete)
+                change = self._unfiltered_change(message, lsn, state)
+            member.call_change(lsn, xid, view, change)
+
+    def _deliver_filtered(self, writers: list[FastWriter], built: Change, data: bytes,
+                          lsn: LSN, xid: int) -> None:
+        """A row change under the ``change_filter``, ``built`` from its message ``data``:
+        passed unaltered (the very object returned), the raw message says exactly what the
+        callback would get, so it takes the formatters (``_deliver``); altered (a column
+        list, an UPDATE published as an INSERT), it goes to every member's callback."""
+        assert self.change_filter is not None
+        change = self.change_filter(built)
+        if change is built:
+            self._deliver(writers, data, lsn, xid, change)
+        elif change is not None:
+            for member, view, _write in writers:
+                member.call_change(lsn, xid, view, change)
 
     def _committed_view(self, state: TxnState, i: int,
                         m: StreamCommit | CommitPrepared) -> Transaction:

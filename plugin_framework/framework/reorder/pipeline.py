@@ -34,7 +34,7 @@ from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT, TRUN
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.streams import Streams
 from plugin_framework.framework.reorder.twophase import TwoPhase
-from plugin_framework.framework.reorder.txn import PipelineError
+from plugin_framework.framework.reorder.txn import UNPLANNED, PipelineError
 from plugin_framework.protocol import (
     LSN,
     Begin,
@@ -62,7 +62,6 @@ from plugin_framework.protocol import (
 )
 from plugin_framework.protocol.raw import ID_AFTER_TAG, ROW_CHANGE_MIN_SIZE, ROW_CHANGE_TAGS
 
-_UNKNOWN: Any = object()  # a relation the transaction's fast path has not looked at yet
 STREAMED_CHANGE_MIN_SIZE = ROW_CHANGE_MIN_SIZE + ID_AFTER_TAG.size  # the tag, xid, relation id
 _TAGS: dict[type, int] = {Insert: ord("I"), Update: ord("U"), Delete: ord("D")}
 
@@ -214,14 +213,18 @@ class Pipeline(Streams, TwoPhase):
                 fast = state.fast
                 if fast is not None:
                     relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
-                    writers = fast.get(relid, _UNKNOWN)
-                    if writers is _UNKNOWN:
+                    writers = fast.get(relid, UNPLANNED)
+                    if writers is UNPLANNED:
                         writers = fast[relid] = self._fast_writers(state, relid)
                     if writers is not None:
+                        self.changes += 1
                         counts = state.counts
                         key = (0, relid, data[0])
                         counts[key] = counts.get(key, 0) + 1
-                        self._fast_change(state, writers, data, lsn)
+                        self._deliver(writers, data, lsn, state.base.xid, None,
+                                      decoder=self.decoder, state=state)
+                        if state.spool is not None:
+                            state.spool.append(lsn, 0, False, data)
                         return
         message = self.decoder.decode(data)
         self._handlers[type(message)](message, lsn, data)
@@ -305,14 +308,20 @@ class Pipeline(Streams, TwoPhase):
         live = state.live
         if live:
             built = self._unfiltered_change(m, lsn, state)
-            change = built if self.change_filter is None else self.change_filter(built)
-            if change is built and raw is not None and state.filtered_fast is not None:
-                # passed unaltered: the raw message is the change, for the formatters
-                self._filtered_fast_change(state, change, raw, lsn)
-            elif change is not None:
-                members = self.members
-                for i in live:
-                    members[i].call_change(lsn, state.base.xid, self._view(state, i), change)
+            cache, writers = state.filtered_fast, None
+            if cache is not None and raw is not None:
+                writers = cache.get(m.relation_id, UNPLANNED)
+                if writers is UNPLANNED:
+                    writers = cache[m.relation_id] = self._fast_writers(state, m.relation_id)
+            if writers is not None and raw is not None:
+                self._deliver_filtered(writers, built, raw, lsn, state.base.xid)
+            else:
+                change = built if self.change_filter is None else self.change_filter(built)
+                if change is not None:
+                    members = self.members
+                    for i in live:
+                        members[i].call_change(lsn, state.base.xid, self._view(state, i),
+                                               change)
         if state.spool is not None and raw is not None:
             state.spool.append(lsn, 0, False, raw)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from plugin_framework.framework.model import Change, Relation, Transaction
+from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.reorder.buffer import ReorderBufferState
-from plugin_framework.framework.reorder.txn import Block, FastWriter, TxnState
+from plugin_framework.framework.reorder.txn import UNPLANNED, Block, FastWriter, TxnState
 from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     ID_AFTER_TAG,
@@ -31,8 +31,6 @@ from plugin_framework.protocol import (
     Truncate,
     Update,
 )
-
-_UNKNOWN: Any = object()  # a relation the replay's fast path has not looked at yet
 
 
 class Replay(ReorderBufferState):
@@ -58,8 +56,7 @@ class Replay(ReorderBufferState):
             # the fast path, as for a live transaction: per relation id, the members with
             # their formatters for the relation in force at that point of the replay
             fast: dict[int, list[FastWriter] | None] | None = None
-            if self.change_filter is None and any(
-                    self.members[i].fast_change is not None for i in members):
+            if any(self.members[i].fast_change is not None for i in members):
                 fast = {}
             for lsn, xid, in_stream, raw in spool:
                 if keepalive is not None:
@@ -71,15 +68,23 @@ class Replay(ReorderBufferState):
                     # a streamed change's formatter input is the message without its xid
                     data = raw[:1] + raw[5:] if in_stream else raw
                     relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
-                    writers = fast.get(relid, _UNKNOWN)
-                    if writers is _UNKNOWN:
+                    writers = fast.get(relid, UNPLANNED)
+                    if writers is UNPLANNED:
                         rel = overlay.relations.get(relid)
                         writers = fast[relid] = self._formatters(
                             [(i, views[i]) for i in members],
                             self.relations.get(relid) if rel is None else rel, lsn)
                     if writers is not None:
                         decoder.in_stream = in_stream
-                        self._replay_fast(writers, data, raw, lsn, decoder, overlay)
+                        if self.change_filter is None:
+                            self._deliver(writers, data, lsn, txn.xid, None, raw=raw,
+                                          decoder=decoder, state=overlay)
+                        else:
+                            message = decoder.decode(raw)
+                            assert isinstance(message, Insert | Update | Delete)
+                            self._deliver_filtered(
+                                writers, self._unfiltered_change(message, lsn, overlay), data,
+                                lsn, txn.xid)
                         continue
                 decoder.in_stream = in_stream
                 msg = decoder.decode(raw)
@@ -92,22 +97,6 @@ class Replay(ReorderBufferState):
                 self.members[i].call("prepare", end, txn.xid, views[i], final_lsn)
             else:
                 self.members[i].call("commit", end, txn.xid, views[i], final_lsn)
-
-    def _replay_fast(self, writers: list[FastWriter], data: bytes, raw: bytes, lsn: LSN,
-                     decoder: Decoder, overlay: TxnState) -> None:
-        """A replayed row change for members whose formatters turn its raw message (``data``,
-        without a stream's xid) into their record; the others, and any formatter that
-        declines, get the change callback with the change decoded from ``raw``."""
-        change: Change | None = None
-        for member, view, write in writers:
-            if write is not None and member.call_fast_change(write, data, lsn, view.xid, view):
-                continue
-            if change is None:
-                message = decoder.decode(raw)
-                assert isinstance(message, Insert | Update | Delete)
-                change = self._change(message, lsn, overlay)
-                assert change is not None  # no change_filter on the fast path
-            member.call_change(lsn, view.xid, view, change)
 
     def _replay_block(self, state: TxnState, members: list[int], block: Block) -> None:
         """Deliver a held-back stream block to ``members``: stream_start, its items,

@@ -1,15 +1,16 @@
 """Ordinary transactions and the opening of prepared ones: BEGIN (or BEGIN PREPARE) decides
 who gets the transaction live and who later, COMMIT ends it (ReorderBufferCommit's job for a
-transaction that was not streamed). Also the json-style fast path for their row changes.
+transaction that was not streamed). Also which formatters their row changes take on the
+fast path (``fast_change``; delivered by ``ReorderBufferState._deliver``).
 """
 
 from __future__ import annotations
 
-from plugin_framework.framework.model import Change, Transaction
+from plugin_framework.framework.model import Transaction
 from plugin_framework.framework.reorder.holding import Holding
 from plugin_framework.framework.reorder.txn import FastWriter, PipelineError, TxnState
 from plugin_framework.framework.spool import Spool
-from plugin_framework.protocol import LSN, Begin, BeginPrepare, Commit, Delete, Insert, Update
+from plugin_framework.protocol import LSN, Begin, BeginPrepare, Commit
 
 
 class Transactions(Holding):
@@ -98,47 +99,7 @@ class Transactions(Holding):
     # --- the fast path: the fast_change callback ------------------------------------------------
 
     def _fast_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
-        """Each live member's fast_change formatter for a relation (see ``_formatters``)."""
+        """Each live member's fast_change formatter for a relation (see ``_formatters``), for
+        the caches ``state.fast`` and ``state.filtered_fast``."""
         return self._formatters([(i, self._view(state, i)) for i in state.live],
                                 self.relations.get(relid), state.base.first_lsn or LSN(0))
-
-    def _filtered_fast_change(self, state: TxnState, change: Change, data: bytes,
-                              lsn: LSN) -> None:
-        """A row change that the change_filter passed unaltered, for the live members:
-        through their formatters where they have one (and take it), else the callback."""
-        assert state.filtered_fast is not None
-        relid = change.relation.relation_id
-        if relid in state.filtered_fast:
-            writers = state.filtered_fast[relid]
-        else:
-            writers = state.filtered_fast[relid] = self._formatters(
-                [(i, self._view(state, i)) for i in state.live], change.relation,
-                state.base.first_lsn or LSN(0))
-        xid = state.base.xid
-        if writers is None:
-            for i in state.live:
-                self.members[i].call_change(lsn, xid, self._view(state, i), change)
-            return
-        for member, view, write in writers:
-            if write is None or not member.call_fast_change(write, data, lsn, xid, view):
-                member.call_change(lsn, xid, view, change)
-
-    def _fast_change(self, state: TxnState, writers: list[FastWriter], data: bytes,
-                     lsn: LSN) -> None:
-        """A row change of an ordinary or prepared transaction, for live members whose
-        formatters turn its raw message into their record; the others, and any formatter
-        that declines, get the change callback (with no change_filter: the change as is)."""
-        self.changes += 1
-        xid = state.base.xid
-        change: Change | None = None
-        for member, view, write in writers:
-            if write is not None and member.call_fast_change(write, data, lsn, xid, view):
-                continue
-            if change is None:
-                message = self.decoder.decode(data)
-                assert isinstance(message, Insert | Update | Delete)
-                change = self._change(message, lsn, state)
-                assert change is not None
-            member.call_change(lsn, xid, view, change)
-        if state.spool is not None:
-            state.spool.append(lsn, 0, False, data)

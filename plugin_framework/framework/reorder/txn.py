@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from plugin_framework.framework.context import FastChange
 from plugin_framework.framework.model import Relation, Transaction
@@ -22,6 +23,8 @@ from plugin_framework.protocol import LSN
 # One live member of a transaction on the fast path: the member, its view of the
 # transaction, and its formatter for a relation (None: its change callback).
 FastWriter = tuple[Member, Transaction, FastChange | None]
+# In a fast-path cache (``TxnState.fast``): a relation not looked at yet.
+UNPLANNED: Any = object()
 
 
 @dataclass(eq=False)
