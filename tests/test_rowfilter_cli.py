@@ -60,19 +60,27 @@ def filtered_workload(db: Any, *slots: str) -> str:
         return str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0])  # type: ignore[index]
 
 
-def test_cli_filters_match_the_servers(db: Any, tmp_path: Path) -> None:
+def server_and_client(db: Any, tmp_path: Path, publication: str, *client_filter: str
+                      ) -> list[str]:
+    """The filtered workload through ``publication`` (the server filters) and through
+    ``everything`` with ``client_filter`` (pgdecode filters): asserts the outputs are the
+    same, and returns the change lines (without their ``table public.t: ``)."""
     server_slot, client_slot = f"{db.dbname}_server", f"{db.dbname}_client"
     end = filtered_workload(db, server_slot, client_slot)
     server, client = tmp_path / "server.out", tmp_path / "client.out"
-    done = stream_text(db, server_slot, "filtered", server, end)
+    done = stream_text(db, server_slot, publication, server, end)
     assert done.returncode == 0, done.stderr
-    done = stream_text(db, client_slot, "everything", client, end,
-                       "--filters-from-publication", "filtered")
+    done = stream_text(db, client_slot, "everything", client, end, *client_filter)
     assert done.returncode == 0, done.stderr
     lines = client.read_text().splitlines()
     assert lines == server.read_text().splitlines()
-    changes = [line.removeprefix("table public.t: ") for line in lines
-               if line.startswith("table ")]
+    return [line.removeprefix("table public.t: ") for line in lines
+            if line.startswith("table ")]
+
+
+def test_cli_filters_match_the_servers(db: Any, tmp_path: Path) -> None:
+    changes = server_and_client(db, tmp_path, "filtered",
+                                "--filters-from-publication", "filtered")
     # The UPDATE transformations: id 4 left the filter (a DELETE), 5 entered it (an INSERT),
     # 6 stayed (an UPDATE); 1 was never in it; and the n column is not in the column list.
     assert any(c.startswith("DELETE: id[integer]:4 ") for c in changes), changes
@@ -87,18 +95,8 @@ def test_a_row_filter_alone_matches_the_server_through_the_fast_path(db: Any,
     """Without a column list, the changes the filter passes unaltered are printed by the
     emitter's C formatter from the raw message (docs/framework.md, "fast_change"); those it
     turns into an INSERT or a DELETE by the callback. Both as the server publishes them."""
-    server_slot, client_slot = f"{db.dbname}_server", f"{db.dbname}_client"
-    end = filtered_workload(db, server_slot, client_slot)
-    server, client = tmp_path / "server.out", tmp_path / "client.out"
-    done = stream_text(db, server_slot, "rows_only", server, end)
-    assert done.returncode == 0, done.stderr
-    done = stream_text(db, client_slot, "everything", client, end,
-                       "--row-filter", "public.t:(region = 'NSW' AND id > 2)")
-    assert done.returncode == 0, done.stderr
-    lines = client.read_text().splitlines()
-    assert lines == server.read_text().splitlines()
-    changes = [line.removeprefix("table public.t: ") for line in lines
-               if line.startswith("table ")]
+    changes = server_and_client(db, tmp_path, "rows_only",
+                                "--row-filter", "public.t:(region = 'NSW' AND id > 2)")
     assert "INSERT: id[integer]:6 region[text]:'NSW' n[integer]:6" in changes
     assert any(c.startswith("DELETE: id[integer]:4 ") for c in changes), changes
     assert "INSERT: id[integer]:5 region[text]:'NSW' n[integer]:5" in changes
