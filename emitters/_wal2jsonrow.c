@@ -1,6 +1,7 @@
 /*
- * emitters._wal2jsonrow: the wal2json emitter's format-version 2 object for one pgoutput
- * Insert, Update or Delete message, built straight from the message's bytes.
+ * emitters._wal2jsonrow: the wal2json emitter's object for one pgoutput Insert, Update or
+ * Delete message, built straight from the message's bytes: format version 2's line
+ * (RowFormat), or format version 1's change in the transaction's document (V1RowFormat).
  *
  * The wal2json emitter's fast path, as _jsonrow.c is the json emitter's. A RowFormat is made
  * from the table's plan (emitters/wal2json/relation.py: compile_relation), for one
@@ -84,12 +85,12 @@ static int is_special_number(const unsigned char *s, size_t n) {
         || (n == 9 && memcmp(s, "-Infinity", 9) == 0);
 }
 
-static int put_value(RowFormat *self, Buf *b, Py_ssize_t i, const Column *col) {
+static int put_value(const unsigned char *codes, Buf *b, Py_ssize_t i, const Column *col) {
     if (col->kind == PGOUTPUT_TUPLE_NULL)
         return PUT_LITERAL(b, "null");
     const unsigned char *s = col->value;
     size_t n = col->len;
-    switch (self->codes[i]) {
+    switch (codes[i]) {
     case V_NUMBER:
         if (is_special_number(s, n))
             return PUT_LITERAL(b, "null");
@@ -147,7 +148,7 @@ static int format_line(PyObject *obj, Buf *b, const unsigned char *data, size_t 
                 TRY(put_byte(b, ','));
             first = 0;
             TRY(put_bytes(b, PyTuple_GET_ITEM(self->befores, i)));
-            TRY(put_value(self, b, i, &new[i]));
+            TRY(put_value(self->codes, b, i, &new[i]));
             TRY(put_bytes(b, PyTuple_GET_ITEM(self->afters, i)));
         }
         TRY(put_byte(b, ']'));
@@ -163,7 +164,7 @@ static int format_line(PyObject *obj, Buf *b, const unsigned char *data, size_t 
                 TRY(put_byte(b, ','));
             first = 0;
             TRY(put_bytes(b, PyTuple_GET_ITEM(self->befores, i)));
-            TRY(put_value(self, b, i, &identity[i]));
+            TRY(put_value(self->codes, b, i, &identity[i]));
             TRY(put_byte(b, '}'));
         }
         TRY(put_byte(b, ']'));
@@ -347,22 +348,266 @@ static PyTypeObject RowFormat_Type = {
     .tp_methods = RowFormat_methods,
 };
 
+/* --- format version 1: one change of the transaction's document ------------------------- */
+
+/* The fixed texts of a V1RowFormat (emitters/wal2json/fast.py builds them from relation.py's
+ * plan, pretty-printing included). An empty KEYTYPES or KEYOIDS leaves that list out. */
+enum {
+    P_COLUMNS,        /* "columnnames" ... "columnvalues":[ */
+    P_COMMA,          /* between values and names: "," or ", " */
+    P_INSERT_END,     /* after an INSERT's values: "]" or "],", then a newline */
+    P_UPDATE_END,     /* after an UPDATE's values */
+    P_PK,             /* an INSERT's "pk" object, or empty */
+    P_PK_COMMA,       /* an UPDATE's or DELETE's, or empty */
+    P_KEYNAMES,       /* "oldkeys":{ "keynames":[ */
+    P_KEYTYPES,       /* ], "keytypes":[ (or empty) */
+    P_KEYOIDS,        /* ], "keytypeoids":[ (or empty) */
+    P_KEYVALUES,      /* ], "keyvalues":[ */
+    P_KEYS_END,       /* ] } of "oldkeys" */
+    P_END,            /* the change's closing brace */
+    V1_PIECES
+};
+
+typedef struct {
+    PyObject_HEAD
+    uint32_t relid;
+    Py_ssize_t ncols;
+    PyObject *heads;      /* 3 bytes: "{" ... "table":..., for INSERT, UPDATE, DELETE */
+    PyObject *pieces;     /* V1_PIECES bytes, P_* */
+    PyObject *names;      /* per column, JSON */
+    PyObject *types;      /* per column, JSON, as "keytypes" prints it */
+    PyObject *oids;       /* per column, as "keytypeoids" prints it */
+    unsigned char *codes; /* per column: V_* */
+    Py_ssize_t *key;      /* the replica identity columns */
+    Py_ssize_t nkeys;
+    int actions;          /* bit 0 INSERT, 1 UPDATE, 2 DELETE: those the options print */
+    int has_identity;
+} V1RowFormat;
+
+#define PIECE(self, p) PyTuple_GET_ITEM((self)->pieces, (p))
+
+/* A comma-separated list of one text per shown column. */
+static int put_list(Buf *b, PyObject *texts, PyObject *comma, const Py_ssize_t *shown,
+                    Py_ssize_t count) {
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (k > 0)
+            TRY(put_bytes(b, comma));
+        TRY(put_bytes(b, PyTuple_GET_ITEM(texts, shown[k])));
+    }
+    return OK;
+}
+
+/* "oldkeys" of row for the columns in indexes (NULL: every column): NULLs and unchanged
+ * TOAST values left out. */
+static int put_oldkeys(V1RowFormat *self, Buf *b, const Column *row, const Py_ssize_t *indexes,
+                       Py_ssize_t count, Py_ssize_t *shown) {
+    Py_ssize_t n = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_ssize_t i = indexes == NULL ? k : indexes[k];
+        if (row[i].kind == PGOUTPUT_TUPLE_TEXT)
+            shown[n++] = i;
+    }
+    PyObject *comma = PIECE(self, P_COMMA);
+    TRY(put_bytes(b, PIECE(self, P_KEYNAMES)));
+    TRY(put_list(b, self->names, comma, shown, n));
+    if (PyBytes_GET_SIZE(PIECE(self, P_KEYTYPES)) > 0) {
+        TRY(put_bytes(b, PIECE(self, P_KEYTYPES)));
+        TRY(put_list(b, self->types, comma, shown, n));
+    }
+    if (PyBytes_GET_SIZE(PIECE(self, P_KEYOIDS)) > 0) {
+        TRY(put_bytes(b, PIECE(self, P_KEYOIDS)));
+        TRY(put_list(b, self->oids, comma, shown, n));
+    }
+    TRY(put_bytes(b, PIECE(self, P_KEYVALUES)));
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k > 0)
+            TRY(put_bytes(b, comma));
+        TRY(put_value(self->codes, b, shown[k], &row[shown[k]]));
+    }
+    return put_bytes(b, PIECE(self, P_KEYS_END));
+}
+
+/* v1_change's text for the message in data, without what goes before it in the document
+ * (a newline and the comma after the previous change: the Python glue's). */
+static int format_v1(PyObject *obj, Buf *b, const unsigned char *data, size_t size,
+                     unsigned long long lsn, PyObject *txn, Column *old, Column *new,
+                     Py_ssize_t *scratch) {
+    V1RowFormat *self = (V1RowFormat *)obj;
+    int action;
+    unsigned char old_kind;
+    (void)lsn;
+    (void)txn;
+    TRY(read_row_change(data, size, self->relid, self->ncols, old, new, &action, &old_kind));
+    if (!(self->actions & (1 << action)))
+        return DEFER;
+    if (action != 0 && !self->has_identity)
+        return DEFER; /* wal2json warns: no primary key or replica identity */
+    TRY(put_bytes(b, PyTuple_GET_ITEM(self->heads, action)));
+    if (action != 2) {
+        for (Py_ssize_t i = 0; i < self->ncols; i++)
+            if (new[i].kind == PGOUTPUT_TUPLE_UNCHANGED_TOAST)
+                return DEFER; /* the column lists of the values printed: Python's */
+        TRY(put_bytes(b, PIECE(self, P_COLUMNS)));
+        for (Py_ssize_t i = 0; i < self->ncols; i++) {
+            if (i > 0)
+                TRY(put_bytes(b, PIECE(self, P_COMMA)));
+            TRY(put_value(self->codes, b, i, &new[i]));
+        }
+    }
+    if (action == 0) {
+        TRY(put_bytes(b, PIECE(self, P_INSERT_END)));
+        TRY(put_bytes(b, PIECE(self, P_PK)));
+    } else {
+        if (action == 1)
+            TRY(put_bytes(b, PIECE(self, P_UPDATE_END)));
+        TRY(put_bytes(b, PIECE(self, P_PK_COMMA)));
+        if (old_kind == 0)
+            TRY(put_oldkeys(self, b, action == 1 ? new : old, self->key, self->nkeys, scratch));
+        else if (action == 1)
+            TRY(put_oldkeys(self, b, old, NULL, self->ncols, scratch));
+        else
+            TRY(put_oldkeys(self, b, old, self->key, self->nkeys, scratch));
+    }
+    return put_bytes(b, PIECE(self, P_END));
+}
+
+PyDoc_STRVAR(v1_line_doc,
+"line(data, lsn, txn) -> bytes | None\n--\n\n"
+"The wal2json emitter's v1 change object for the raw, non-streamed Insert, Update or Delete\n"
+"message ``data`` of this relation, from its \"kind\" to its closing brace. None when the\n"
+"Python change callback must handle the message.");
+
+static PyObject *V1RowFormat_line(V1RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
+    return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_v1);
+}
+
+static int V1RowFormat_init(V1RowFormat *self, PyObject *args, PyObject *kwargs) {
+    if (init_once(self->heads) < 0)
+        return -1;
+    static char *kwlist[] = {"relid", "heads", "pieces", "names", "types", "oids", "codes",
+                             "key", "actions", "has_identity", NULL};
+    unsigned long relid;
+    PyObject *heads, *pieces, *names, *types, *oids, *key;
+    Py_buffer codes;
+    int actions, has_identity;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "kO!O!O!O!O!y*O!ip:V1RowFormat", kwlist, &relid, &PyTuple_Type,
+            &heads, &PyTuple_Type, &pieces, &PyTuple_Type, &names, &PyTuple_Type, &types,
+            &PyTuple_Type, &oids, &codes, &PyTuple_Type, &key, &actions, &has_identity))
+        return -1;
+    Py_ssize_t ncols = codes.len;
+    const char *why = NULL;
+    if (!all_bytes(heads, 3) || !all_bytes(pieces, V1_PIECES))
+        why = "heads must be 3 bytes objects, pieces 12";
+    else if (!all_bytes(names, ncols) || !all_bytes(types, ncols) || !all_bytes(oids, ncols))
+        why = "names, types and oids must be bytes, one per column";
+    for (Py_ssize_t i = 0; why == NULL && i < ncols; i++)
+        if (((unsigned char *)codes.buf)[i] >= V_CODES)
+            why = "unknown value code";
+    if (why != NULL) {
+        PyBuffer_Release(&codes);
+        PyErr_SetString(PyExc_ValueError, why);
+        return -1;
+    }
+    Py_ssize_t nkeys;
+    unsigned char *code_copy = PyMem_Malloc((size_t)ncols + 1);
+    Py_ssize_t *keys = indexes(key, ncols, &nkeys);
+    if (code_copy == NULL || keys == NULL) {
+        PyMem_Free(code_copy);
+        PyMem_Free(keys);
+        PyBuffer_Release(&codes);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(code_copy, codes.buf, (size_t)ncols);
+    PyBuffer_Release(&codes);
+    self->codes = code_copy;
+    self->key = keys;
+    self->nkeys = nkeys;
+    self->relid = (uint32_t)relid;
+    self->ncols = ncols;
+    self->actions = actions;
+    self->has_identity = has_identity;
+    self->heads = Py_NewRef(heads);
+    self->pieces = Py_NewRef(pieces);
+    self->names = Py_NewRef(names);
+    self->types = Py_NewRef(types);
+    self->oids = Py_NewRef(oids);
+    return 0;
+}
+
+static int V1RowFormat_traverse(V1RowFormat *self, visitproc visit, void *arg) {
+    Py_VISIT(self->heads);
+    Py_VISIT(self->pieces);
+    Py_VISIT(self->names);
+    Py_VISIT(self->types);
+    Py_VISIT(self->oids);
+    return 0;
+}
+
+static int V1RowFormat_clear(V1RowFormat *self) {
+    Py_CLEAR(self->heads);
+    Py_CLEAR(self->pieces);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->types);
+    Py_CLEAR(self->oids);
+    return 0;
+}
+
+static void V1RowFormat_dealloc(V1RowFormat *self) {
+    PyObject_GC_UnTrack(self);
+    V1RowFormat_clear(self);
+    PyMem_Free(self->codes);
+    PyMem_Free(self->key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef V1RowFormat_methods[] = {
+    {"line", (PyCFunction)(void (*)(void))V1RowFormat_line, METH_FASTCALL, v1_line_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(V1RowFormat_doc,
+"V1RowFormat(relid, heads, pieces, names, types, oids, codes, key, actions, has_identity)\n"
+"--\n\n"
+"The wal2json emitter's v1 change objects for one table plan: ``heads`` up to \"table\" for\n"
+"INSERT, UPDATE and DELETE; the fixed texts between the parts (see P_* in the source); per\n"
+"column its name, type and type OID as \"oldkeys\" prints them, and its value code; the\n"
+"replica identity columns; ``actions`` (bits 0-2: INSERT, UPDATE, DELETE) those printed.");
+
+static PyTypeObject V1RowFormat_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "emitters._wal2jsonrow.V1RowFormat",
+    .tp_basicsize = sizeof(V1RowFormat),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = V1RowFormat_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)V1RowFormat_init,
+    .tp_dealloc = (destructor)V1RowFormat_dealloc,
+    .tp_traverse = (traverseproc)V1RowFormat_traverse,
+    .tp_clear = (inquiry)V1RowFormat_clear,
+    .tp_methods = V1RowFormat_methods,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "emitters._wal2jsonrow",
-    .m_doc = "The wal2json emitter's fast path: a row change's v2 object from pgoutput bytes.",
+    .m_doc = "The wal2json emitter's fast path: a row change's v1 or v2 object from pgoutput "
+             "bytes.",
     .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__wal2jsonrow(void) {
     static const char *code_names[V_CODES] = {"STRING", "NUMBER", "NUMBER_STRING", "BOOL",
                                               "BYTEA"};
-    if (PyType_Ready(&RowFormat_Type) < 0)
+    if (PyType_Ready(&RowFormat_Type) < 0 || PyType_Ready(&V1RowFormat_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "RowFormat", (PyObject *)&RowFormat_Type) < 0)
+    if (PyModule_AddObjectRef(m, "RowFormat", (PyObject *)&RowFormat_Type) < 0
+        || PyModule_AddObjectRef(m, "V1RowFormat", (PyObject *)&V1RowFormat_Type) < 0)
         goto error;
     for (int i = 0; i < V_CODES; i++)
         if (PyModule_AddIntConstant(m, code_names[i], i) < 0)

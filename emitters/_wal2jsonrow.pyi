@@ -1,4 +1,4 @@
-# The C module emitters/_wal2jsonrow.c: the wal2json emitter's fast path (format version 2).
+# The C module emitters/_wal2jsonrow.c: the wal2json emitter's fast path (format versions 1, 2).
 from typing import Any, Final
 
 STRING: Final[int]
@@ -12,4 +12,11 @@ class RowFormat:
                  befores: tuple[bytes, ...], afters: tuple[bytes, ...], pks: tuple[bytes, ...],
                  codes: bytes, key: tuple[int, ...], pk: tuple[int, ...], actions: int,
                  with_lsn: bool, with_pk: bool, has_identity: bool) -> None: ...
+    def line(self, data: bytes, lsn: int, txn: Any, /) -> bytes | None: ...
+
+class V1RowFormat:
+    def __init__(self, relid: int, heads: tuple[bytes, bytes, bytes], pieces: tuple[bytes, ...],
+                 names: tuple[bytes, ...], types: tuple[bytes, ...], oids: tuple[bytes, ...],
+                 codes: bytes, key: tuple[int, ...], actions: int,
+                 has_identity: bool) -> None: ...
     def line(self, data: bytes, lsn: int, txn: Any, /) -> bytes | None: ...

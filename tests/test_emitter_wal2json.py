@@ -316,6 +316,34 @@ def test_fast_path_on_and_off_match_wal2json(parity: Parity, options: dict[str, 
         assert used["fast"] == rows > 0
 
 
+V1_FAST_CASES = [{}, {"write-in-chunks": "1"},
+                 {"pretty-print": "1", "include-xids": "1", "include-pk": "1",
+                  "include-type-oids": "1"},
+                 {"include-lsn": "1", "write-in-chunks": "1"},
+                 {"include-not-null": "1", "include-default": "1",
+                  "include-column-positions": "1"},
+                 {"actions": "update", "write-in-chunks": "1"}]
+
+
+@pytest.mark.parametrize("options", V1_FAST_CASES, ids=[case_id(c) for c in V1_FAST_CASES])
+def test_v1_fast_path_on_and_off_match_wal2json(parity: Parity,
+                                                 options: dict[str, str]) -> None:
+    """Format version 1 (one document per transaction, or a write per change) through the
+    C fast path and through the Python callback: both wal2json's documents. The fast path
+    writes the changes it can (an UPDATE with an unchanged TOAST value prints fewer columns:
+    Python's), none of a transaction held for its commit's LSN (include-lsn with
+    write-in-chunks), and never more than were printed."""
+    opts = {"format-version": "1", **options}
+    reference = theirs(parity, opts)
+    used: Counter[str] = Counter()
+    assert_same(ours(parity, opts, fast=used), reference)
+    assert_same(ours(parity, opts, no_fast=True), reference)
+    rows = len(re.findall(r'"kind": ?"(?:insert|update|delete)"', "\n".join(reference)))
+    assert 0 < used["fast"] <= rows
+    if options.get("include-lsn") == "1":
+        assert used["fast"] < rows  # ordinary transactions are held: Python's
+
+
 def test_format_version(parity: Parity) -> None:
     """1 by default; read as PostgreSQL reads an integer setting (hex, octal, rounding)."""
     assert_same(ours(parity, {}), theirs(parity, {"format-version": "1"}))

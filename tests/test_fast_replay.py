@@ -8,6 +8,7 @@ lines, and the fast path writes every change it is offered.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from recorders import with_fast_path
 
 from emitters.json import JsonEmitter
 from emitters.text import TestDecodingEmitter
+from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework import LSN
 from plugin_framework.framework import MemoryOutput, Pipeline
 from plugin_framework.protocol import (
@@ -49,6 +51,8 @@ EMITTERS: dict[str, tuple[Any, dict[str, str | None]]] = {
     # the first change of each transaction through Python, which prints the BEGIN first
     "text, skip-empty-xacts": (TestDecodingEmitter, {"stream-changes": "0",
                                                     "skip-empty-xacts": "1"}),
+    "wal2json v1": (Wal2JsonEmitter, {"format-version": "1"}),
+    "wal2json v2": (Wal2JsonEmitter, {"format-version": "2"}),
 }
 GATED = {"text, skip-empty-xacts"}
 
@@ -118,8 +122,10 @@ def streamed() -> list[Any]:
 @pytest.mark.parametrize("name", list(EMITTERS))
 def test_a_streamed_transaction_replays_through_the_fast_path(name: str) -> None:
     lines, used = both(name, streamed(), proto=2)
-    # every change but the aborted subtransaction's, formatted in C
-    assert used == ({"fast": 5, "declined": 1} if name in GATED else {"fast": 6})
+    # every change but the aborted subtransaction's, formatted in C; but the first under
+    # skip-empty-xacts, and in wal2json's v1 the UPDATE with an unchanged TOAST value
+    assert used == ({"fast": 5, "declined": 1} if name in GATED | {"wal2json v1"}
+                    else {"fast": 6})
     assert not any("aborted" in line for line in lines)
     assert sum("1.50" in line for line in lines) == 1  # the new description was used
 
@@ -144,9 +150,10 @@ def test_a_replay_under_a_change_filter_formats_what_it_passes_unaltered(name: s
     lines, used = both(name, streamed(), proto=2, change_filter=some_altered)
     # of six changes: the UPDATE of id 1 dropped, the notes UPDATE altered (callback)
     assert used == ({"fast": 2, "declined": 1} if name in GATED else {"fast": 3})
-    assert not any("'it''s'" in line or "it's" in line for line in lines)  # dropped before
-    assert sum("INSERT" in line or '"insert"' in line for line in lines) == 3
-    assert not any("UPDATE" in line or '"update"' in line for line in lines)
+    text = "\n".join(lines)
+    assert "it's" not in text and "it''s" not in text  # dropped
+    assert len(re.findall(r'INSERT|"insert"|"action":"I"', text)) == 3
+    assert not re.search(r'UPDATE|"update"|"action":"U"', text)
 
 
 def prepared(gid: str) -> list[Any]:

@@ -1,5 +1,5 @@
-"""The wal2json emitter's C fast path (emitters/_wal2jsonrow.c, format version 2) writes exactly
-the objects of its Python change callback, or declines and leaves the change to it.
+"""The wal2json emitter's C fast path (emitters/_wal2jsonrow.c, format versions 1 and 2) writes
+exactly the objects of its Python change callback, or declines and leaves the change to it.
 
 Each example runs transactions through two pipelines (tests/native.py): the fast path on, as
 ``pgdecode stream`` runs it, and off (every change through the Python callback, the
@@ -9,6 +9,7 @@ reference). test_emitter_wal2json.py diffs both against wal2json 2.5 itself
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ def test_the_fast_path_is_built() -> None:
     from emitters import _wal2jsonrow
 
     assert _wal2jsonrow.RowFormat is not None
+    assert _wal2jsonrow.V1RowFormat is not None
 
 
 # Every converter (numbers, booleans, bytea, strings) and a type that is not built in.
@@ -110,12 +112,56 @@ def test_damaged_messages_are_left_to_the_decoder(example: tuple[RelationMessage
     damaged_outcomes_agree(Wal2JsonEmitter, *example, data, {"format-version": "2"})
 
 
-def test_format_version_1_has_no_formatter() -> None:
-    """v1 builds one document per transaction: its changes always go through the callback."""
-    relation = RelationMessage(16401, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
-    messages = transaction(relation, [Insert(16401, TupleData(b"t", (b"1",)))])
-    fast = both(Wal2JsonEmitter, messages, {"format-version": "1"})
-    assert not fast.used
+# format version 1's options (but those that need a catalog: test_emitter_wal2json's)
+_v1_flags = ["include-xids", "include-timestamp", "include-lsn", "include-pk", "include-types",
+             "include-type-oids", "include-schemas", "include-typmod",
+             "numeric-data-types-as-string", "pretty-print", "write-in-chunks"]
+v1_options = st.builds(
+    lambda on, actions: {"format-version": "1", **{f: "1" if f in on else "0" for f in _v1_flags},
+                         **({} if actions is None else {"actions": actions})},
+    st.sets(st.sampled_from(_v1_flags)),
+    st.sampled_from([None, None, None, "insert,delete", "update"]))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(examples(), v1_options)
+def test_fast_v1_documents_equal_the_callbacks(example: tuple[RelationMessage, list[Any]],
+                                               opts: dict[str, str | None]) -> None:
+    """Format version 1: one document per transaction (or a write per change with
+    write-in-chunks), each change's part made in C, the document's bookkeeping in Python."""
+    relation, body = example
+    messages = transaction(relation, body) + transaction(relation, body, xid=742)[1:]
+    fast = both(Wal2JsonEmitter, messages, opts)
+    if fast.error is None:
+        offered = fast.used["fast"] + fast.used["declined"]
+        if opts["include-lsn"] == "1" and opts["write-in-chunks"] == "1":
+            assert not fast.used  # held for the commit's LSN: no formatter
+        elif opts.get("actions") is None:
+            assert offered == 2 * len(body)
+
+
+def test_v1_rows_the_server_sends_all_take_the_fast_path() -> None:
+    relation = RelationMessage(16401, "public", "t", "d", (
+        RelationColumn(True, "id", 23, -1), RelationColumn(False, "n", 1700, -1),
+        RelationColumn(False, "s", 25, -1)))
+    body = [Insert(16401, TupleData(b"ttt", (b"1", b"NaN", b'a"\n\xc3\xa9'))),
+            Update(16401, TupleData(b"ttn", (b"1", b"2.50", None))),
+            Delete(16401, key=TupleData(b"tnn", (b"1", None, None)))]
+    fast = both(Wal2JsonEmitter, transaction(relation, body), {"format-version": "1",
+                                                                "include-xids": "0"})
+    assert fast.used == {"fast": 3}  # and both() compared the lines with the callbacks'
+    (document,) = (json.loads(line) for line in fast.lines)
+    assert [(c["kind"], c.get("columnvalues"), c.get("oldkeys", {}).get("keyvalues"))
+            for c in document["change"]] == [("insert", [1, None, 'a"\né'], None),
+                                              ("update", [1, 2.5, None], [1]),
+                                              ("delete", None, [1])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(examples(), st.data())
+def test_damaged_v1_messages_are_left_to_the_decoder(
+        example: tuple[RelationMessage, list[Any]], data: st.DataObject) -> None:
+    damaged_outcomes_agree(Wal2JsonEmitter, *example, data, {"format-version": "1"})
 
 
 @pytest.mark.parametrize("bad", [
@@ -133,6 +179,24 @@ def test_the_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
                                 has_identity=True)
     with pytest.raises(ValueError):
         _wal2jsonrow.RowFormat(**(args | bad))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(heads=(b"a", b"b")),
+    dict(pieces=(b"",) * 11),
+    dict(codes=b"\x09"),
+    dict(key=(3,)),
+    dict(names=("x",)),
+])
+def test_the_v1_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
+    from emitters import _wal2jsonrow
+
+    args: dict[str, Any] = dict(relid=1, heads=(b"a", b"b", b"c"), pieces=(b"",) * 12,
+                                names=(b"x",), types=(b"y",), oids=(b"z",), codes=b"\0",
+                                key=(0,), actions=7, has_identity=True)
+    _wal2jsonrow.V1RowFormat(**args)
+    with pytest.raises(ValueError):
+        _wal2jsonrow.V1RowFormat(**(args | bad))
 
 
 def test_a_table_is_planned_only_for_a_change_that_is_printed(

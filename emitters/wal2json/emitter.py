@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from emitters.wal2json.fast import FAST_PATH_BUILT, v2_row_format
+from emitters.wal2json.fast import FAST_PATH_BUILT, v1_row_format, v2_row_format
 from emitters.wal2json.options import read_options
 from emitters.wal2json.relation import (
     compile_relation,
@@ -146,10 +146,10 @@ class Wal2JsonEmitter(OutputPlugin):
 
     def fast_change(self, ctx: LogicalDecodingContext, relation: Relation) -> Any:
         """The table's C formatter for this transaction (docs/framework.md, "fast_change"),
-        which writes what ``change`` writes: format version 2, output not held for the
-        commit (include-lsn with include-transaction); None otherwise."""
+        which does what ``change`` does, unless the output is held for the commit
+        (include-lsn: the transaction's first line needs the commit's LSN); None then."""
         st: State = ctx.output_plugin_private
-        if st.version != 2 or st.held is not None or not FAST_PATH_BUILT:
+        if st.held is not None or not FAST_PATH_BUILT:
             return None
         r = st.rels.get(relation.relation_id)
         if r is None or r.relation is not relation:
@@ -164,7 +164,10 @@ class Wal2JsonEmitter(OutputPlugin):
             st.rels[relation.relation_id] = r
         if not r.selected:
             return None
-        if r.fast is None or r.fast[0] != st.txn_fields:
+        if st.version == 1:  # the same for every transaction
+            if r.fast is None:
+                r.fast = (b"", v1_row_format(st, r))
+        elif r.fast is None or r.fast[0] != st.txn_fields:
             r.fast = (st.txn_fields, v2_row_format(st, r))
         return r.fast[1]
 

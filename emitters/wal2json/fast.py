@@ -1,15 +1,17 @@
-"""The glue to the wal2json emitter's C fast path, emitters/_wal2jsonrow.c (format version 2).
+"""The glue to the wal2json emitter's C fast path, emitters/_wal2jsonrow.c.
 
-A formatter is made from a table's plan (``Rel``, relation.compile_relation) and the current
-transaction's fields, so the C code prints from what the Python ``v2_change`` prints from.
-A column whose converter has no C code leaves the whole table to Python.
-tests/test_wal2json_native.py holds the two equal.
+A formatter is made from a table's plan (``Rel``, relation.compile_relation), so the C code
+prints from what the Python ``v2_change`` and ``v1_change`` print from: format version 2's
+for the current transaction's fields; format version 1's once per plan, with the document's
+bookkeeping (the comma after the previous change, the parts of a document written at the
+commit) here, as ``Wal2JsonEmitter.change`` does it. A column whose converter has no C code
+leaves the whole table to Python. tests/test_wal2json_native.py holds the two equal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from emitters.wal2json.relation import (
     bool_value,
@@ -25,7 +27,7 @@ try:
 except ImportError:  # installed without a C compiler: every object is formatted in Python
     _wal2jsonrow = None  # type: ignore[assignment]
 
-__all__ = ["FAST_PATH_BUILT", "v2_row_format"]
+__all__ = ["FAST_PATH_BUILT", "v1_row_format", "v2_row_format"]
 
 FAST_PATH_BUILT: Final = _wal2jsonrow is not None
 """Whether the C module is built (``pip install`` compiles it where there is a compiler)."""
@@ -57,3 +59,57 @@ def v2_row_format(st: State, r: Rel) -> Callable[[bytes, int, Any], bytes | None
         tuple(r.key), tuple(r.pk or ()),
         st.do_insert | st.do_update << 1 | st.do_delete << 2,
         st.include_lsn, st.include_pk, r.has_identity).line
+
+
+def v1_row_format(st: State, r: Rel
+                  ) -> Callable[[bytes, int, Any], bytes | Literal[True] | None] | None:
+    """The formatter of a table's v1 changes (docs/framework.md, "fast_change"): with
+    write-in-chunks, a change's text as ``change`` emits it; otherwise True, the change added
+    to the transaction's document (``st.v1_parts``), which the commit writes. None: no C
+    module, or a converter it does not know."""
+    if _wal2jsonrow is None:
+        return None
+    if not all(col.convert in _CODES for col in r.cols):
+        return None
+    ht, nl, sp, comma = st.ht, st.nl, st.sp, st.comma
+    h3, h4 = ht * 3, ht * 4
+    cols = r.cols
+    pk, pk_comma = r.v1_pk_blocks if r.v1_pk else (b"", b"")
+    pieces = (
+        r.v1_columns_head, comma,
+        (b"]," if r.v1_pk else b"]") + nl, b"]," + nl, pk, pk_comma,
+        h3 + b'"oldkeys":' + sp + b"{" + nl + h4 + b'"keynames":' + sp + b"[",
+        b"]," + nl + h4 + b'"keytypes":' + sp + b"[" if st.include_types else b"",
+        b"]," + nl + h4 + b'"keytypeoids":' + sp + b"[" if st.include_type_oids else b"",
+        b"]," + nl + h4 + b'"keyvalues":' + sp + b"[",
+        b"]" + nl + h3 + b"}" + nl,
+        ht + ht + b"}",
+    )
+    body = _wal2jsonrow.V1RowFormat(
+        r.relation.relation_id,
+        (r.v1_heads["insert"], r.v1_heads["update"], r.v1_heads["delete"]), pieces,
+        tuple(c.name for c in cols), tuple(c.v1_type for c in cols),
+        tuple(c.v1_oid for c in cols), bytes(_CODES[c.convert] for c in cols), tuple(r.key),
+        st.do_insert | st.do_update << 1 | st.do_delete << 2, r.has_identity).line
+    # what goes before a change: v1_change's newline (the document's, not the chunks') and
+    # the comma after the changes before it
+    first = (b"" if st.chunks else nl) + ht + ht
+    later = first + b","
+
+    if st.chunks:
+        def chunk(data: bytes, lsn: int, txn: Any) -> bytes | None:
+            text = body(data, lsn, txn)
+            if text is None:
+                return None
+            st.nr_changes += 1
+            return (later if st.nr_changes > 1 else first) + text
+        return chunk
+
+    def part(data: bytes, lsn: int, txn: Any) -> Literal[True] | None:
+        text = body(data, lsn, txn)
+        if text is None:
+            return None
+        st.nr_changes += 1
+        st.v1_parts.append((later if st.nr_changes > 1 else first) + text)
+        return True
+    return part

@@ -59,7 +59,7 @@ class Rel:
     v1_pk_blocks: tuple[bytes, bytes] = (b"", b"")  # without and with a trailing comma
     converters: list[Converter | None] = field(default_factory=list)  # None: a string
     v2_columns: list[bytes] = field(default_factory=list)  # v2: what goes between the values
-    # v2: the C formatter (emitters.wal2json.fast) and the transaction fields it prints
+    # the C formatter (emitters.wal2json.fast) and, in v2, the transaction fields it prints
     fast: tuple[bytes, Any] | None = None
 
 

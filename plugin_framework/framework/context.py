@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from plugin_framework.framework.model import Transaction
 from plugin_framework.framework.outputs import Output, OutputError, new_record
@@ -36,7 +36,8 @@ class FastChange(Protocol):
     """A plugin's formatter of one relation's raw row changes, as its ``fast_change``
     callback returns it (see hookspecs.fast_change)."""
 
-    def __call__(self, data: bytes, lsn: LSN, txn: Transaction, /) -> bytes | None: ...
+    def __call__(self, data: bytes, lsn: LSN, txn: Transaction,
+                 /) -> bytes | Literal[True] | None: ...
 
 
 @dataclass(eq=False)

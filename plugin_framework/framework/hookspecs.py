@@ -140,10 +140,11 @@ def fast_change(ctx: Any, relation: Any) -> Any:
     relation's changes to ``change``.
 
     The formatter is called as ``write(data, lsn, txn)`` with an Insert, Update or Delete
-    message as the server sent it, and returns the one record ``change`` would have written
-    for it, or None to have ``change`` called for that change after all. The pipeline asks
-    once per relation per transaction, and uses the formatter only where ``change`` would get
-    the message's change unaltered (no row filter or column list) in an ordinary or prepared
-    transaction; it writes the record at the change's LSN as ``ctx.emit`` would. Streamed and
-    replayed transactions always go to ``change``, which stays the reference. It exists for
-    speed: the json emitter's formatter is written in C."""
+    message in its non-streamed form, and returns the one record ``change`` would have
+    written for it; or True when ``change`` would write no record (it would keep the change
+    for a record written later, as wal2json's format 1 builds one document per transaction)
+    and the formatter did that; or None to have ``change`` called for that change after all.
+    The pipeline asks once per relation per transaction, and uses the formatter wherever
+    ``change`` would get the message's change unaltered (docs/framework.md, "A fast path");
+    it writes the record at the change's LSN as ``ctx.emit`` would. ``change`` stays the
+    reference. It exists for speed: the built-in emitters' formatters are written in C."""

@@ -82,13 +82,15 @@ class Member:
 
     def call_fast_change(self, write: FastChange, data: bytes, lsn: LSN, xid: int | None,
                          txn: Transaction) -> bool:
-        """The plugin's ``fast_change`` formatter for one raw row change: True when it wrote
-        the change's record, False when the change callback must run instead."""
+        """The plugin's ``fast_change`` formatter for one raw row change: True when it did
+        the change's work (its record written, or kept for a later one), False when the
+        change callback must run instead."""
         try:
             line = write(data, lsn, txn)
             if line is None:
                 return False
-            self.ctx.write_record(lsn, xid, line)
+            if line is not True:
+                self.ctx.write_record(lsn, xid, line)
         except CallbackError:
             raise
         except Exception as exc:
