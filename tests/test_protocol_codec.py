@@ -315,9 +315,11 @@ def test_raw_helpers_agree_with_the_decoder(data: bytes) -> None:
 
 
 def test_the_c_header_is_generated_from_the_tags() -> None:
-    """emitters/pgoutput_tags.h is committed; regenerate it with
-    ``python -m plugin_framework.protocol.cheader --c-header emitters/pgoutput_tags.h``."""
-    header = Path(__file__).resolve().parent.parent / "emitters" / "pgoutput_tags.h"
+    """plugin_framework/protocol/native/pgoutput_tags.h is committed; regenerate it with
+    ``python -m plugin_framework.protocol.cheader --c-header
+    plugin_framework/protocol/native/pgoutput_tags.h``."""
+    header = (Path(__file__).resolve().parent.parent / "plugin_framework" / "protocol"
+              / "native" / "pgoutput_tags.h")
     assert header.read_text(encoding="ascii") == c_header()
     for tag in MessageTag:
         assert f"#define PGOUTPUT_MSG_{tag.name} " in c_header()

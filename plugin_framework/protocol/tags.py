@@ -18,7 +18,8 @@ logicalproto.h) member for member: ``LOGICAL_REP_MSG_BEGIN`` 'B', ``LOGICAL_REP_
 them (PostgreSQL's protocol documentation, "Streaming Replication Protocol").
 
 The C code reads these through a header generated from them (``protocol/cheader.py``); a
-test holds the committed emitters/pgoutput_tags.h to the generator's output.
+test holds the committed plugin_framework/protocol/native/pgoutput_tags.h to the generator's
+output.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 /*
- * emitters/_pgrow.h: what the emitters' C fast paths (_jsonrow.c, _textrow.c) share: an
- * output buffer, and the reading of a pgoutput TupleData straight from a message's bytes.
+ * _pgrow.h: what the C modules that read raw pgoutput row changes share (the emitters'
+ * formatters, emitters/_jsonrow.c, _textrow.c, _wal2jsonrow.c, and the row filter's
+ * plugin_framework/rowfilter/native/_rawfilter.c): an output buffer, and the reading of a
+ * pgoutput TupleData straight from a message's bytes.
  *
  * Static functions only: each extension module includes its own copy.
  */
