@@ -242,6 +242,7 @@ def build_pipeline(emitters: EmitterChoice | Sequence[PlannedEmitter], *,
         raise
     if publication_filters is not None:
         pipeline.change_filter = publication_filters.as_change_filter()
+        pipeline.raw_change_filter = publication_filters.raw_filter_for
         pipeline.truncate_filter = publication_filters.truncate_filter
     return Assembly(pipeline, publication_filters)
 

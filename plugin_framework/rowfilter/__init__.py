@@ -2,6 +2,7 @@
 
     >>> filters = PublicationFilters.from_publication(conninfo, "p1")
     >>> pipeline.change_filter = filters.as_change_filter()
+    >>> pipeline.raw_change_filter = filters.raw_filter_for  # optional: the same, in C
 
 or written by hand::
 

@@ -28,6 +28,7 @@ from plugin_framework.rowfilter.evaluate import Compiled, Getter
 from plugin_framework.rowfilter.functions import Infinity
 from plugin_framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.rowfilter.plans import PublicationPlans, RelationPlan
+from plugin_framework.rowfilter.raw import RawFilter, raw_filter, raw_program
 from plugin_framework.rowfilter.spec import (
     ALL_ACTIONS,
     DML,
@@ -83,6 +84,7 @@ class _Compiled:
     out: Relation  # the relation the changes are delivered as
     positions: tuple[int, ...] | None  # the columns to deliver, from the incoming relation
     old_is_key: bool | None  # when publishing as another relation: its identity kind
+    raw: RawFilter | None = None  # the same decisions on raw messages, where C makes them
 
 
 class PublicationFilters(PublicationPlans):
@@ -176,6 +178,16 @@ class PublicationFilters(PublicationPlans):
         """For ``Pipeline.change_filter``."""
         return self.filter_change
 
+    def raw_filter_for(self, relation: Relation) -> RawFilter | None:
+        """For ``Pipeline.raw_change_filter``: ``filter_change``'s decisions for the
+        relation's changes taken on their raw messages, before they are decoded (raw.py), or
+        None where C does not make them (a column list, a relation published as its
+        partition root, an expression outside raw.py's, no C module)."""
+        entry = self._for_relation(relation)
+        if entry is None:  # not published: nothing of it is delivered
+            return raw_filter(relation.relation_id, len(relation.columns), (), {})
+        return entry.raw
+
     def _for_relation(self, relation: Relation) -> _Compiled | None:
         entry = self._compiled.get(id(relation))
         if entry is not None and entry[0] is relation:
@@ -255,7 +267,24 @@ class PublicationFilters(PublicationPlans):
             keep = [i for i, c in enumerate(out.columns) if c.name in plan.columns]
             cols = tuple(cols[i] for i in keep) if cols is not None else tuple(keep)
             out = self._project(out, tuple(keep))
-        return _Compiled(plan, predicates, out, cols, old_is_key)
+        raw = self._raw_filter(relation, plan) if out is relation else None
+        return _Compiled(plan, predicates, out, cols, old_is_key, raw)
+
+    @staticmethod
+    def _raw_filter(relation: Relation, plan: RelationPlan) -> RawFilter | None:
+        """The relation's filters as C programs, when every one of them has one."""
+        programs: dict[str, tuple[Any, ...] | None] = {}
+        for action in DML:
+            exprs = plan.filters.get(action)
+            if not exprs:
+                programs[action] = None
+                continue
+            compiled = [raw_program(expr.tree, relation.index) for expr in exprs]
+            if any(p is None for p in compiled):
+                return None
+            programs[action] = tuple(compiled)
+        return raw_filter(relation.relation_id, len(relation.columns), sorted(plan.actions),
+                          programs)
 
     def _check_identity_offline(self, table: CatalogTable) -> None:
         for pub in self.publications:

@@ -75,6 +75,12 @@ class ReorderBufferState:
         # one (an UPDATE that becomes an INSERT or DELETE), or None to drop it. Row filters
         # and column lists are built on it. TRUNCATE is never filtered.
         self.change_filter: Callable[[Change], Change | None] | None = None
+        # With a change_filter, optionally: per relation, an object whose verdict(data) says
+        # on a raw row change (the non-streamed message) what the change_filter would do with
+        # it: RAW_DROP (None), RAW_PASS (the change unaltered) or RAW_UNSURE (ask it). None
+        # for a relation: always ask. Row filters build one (rowfilter/raw.py) so that the
+        # changes they pass go from the raw message to the plugins' formatters undecoded.
+        self.raw_change_filter: Callable[[Relation], Any] | None = None
         # TRUNCATE is never filtered by row, but a publication's publish options and its
         # tables decide which relations of a TRUNCATE are delivered: the relations left, or
         # none (then no truncate callback runs).
@@ -125,18 +131,30 @@ class ReorderBufferState:
                  decoder: Decoder | None = None, state: TxnState | None = None) -> None:
         """A row change for the members in ``writers``: a member's formatter writes it from
         the raw message ``data`` (a streamed change's without its xid) if it has one and
-        takes it; the others get the change callback with ``change``. With no
-        ``change_filter``, ``change`` may be None: it is then read, once and only if a member
-        needs it, from ``raw`` (default ``data``) by ``decoder`` in ``state``."""
+        takes it; the others get the change callback with ``change``. ``change`` may be None
+        when the change_filter would pass it unaltered (there is none, or the raw change
+        filter said so): it is then read, once and only if a member needs it, from ``raw``
+        (default ``data``) by ``decoder`` in ``state``."""
         for member, view, write in writers:
             if write is not None and member.call_fast_change(write, data, lsn, xid, view):
                 continue
             if change is None:
-                assert decoder is not None and self.change_filter is None
+                assert decoder is not None
                 message = decoder.decode(data if raw is None else raw)
                 assert isinstance(message, Insert | Update | Delete)
                 change = self._unfiltered_change(message, lsn, state)
             member.call_change(lsn, xid, view, change)
+
+    def _raw_verdict(self, rel: Relation | None) -> Callable[[bytes], int] | None:
+        """The raw change filter's verdict on a relation's raw row changes, or None when
+        they must be decoded and filtered (no raw change filter, or none for it)."""
+        if rel is None or self.raw_change_filter is None:
+            return None
+        try:
+            check = self.raw_change_filter(rel)
+        except Exception:  # change_filter raises it again, for the change, next
+            return None
+        return None if check is None else check.verdict
 
     def _deliver_filtered(self, writers: list[FastWriter], built: Change, data: bytes,
                           lsn: LSN, xid: int) -> None:

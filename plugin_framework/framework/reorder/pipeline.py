@@ -34,7 +34,12 @@ from plugin_framework.framework.reorder.buffer import DEFAULT_MEMORY_LIMIT, TRUN
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.streams import Streams
 from plugin_framework.framework.reorder.twophase import TwoPhase
-from plugin_framework.framework.reorder.txn import UNPLANNED, PipelineError
+from plugin_framework.framework.reorder.txn import (
+    RAW_PASS,
+    RAW_UNSURE,
+    UNPLANNED,
+    PipelineError,
+)
 from plugin_framework.protocol import (
     LSN,
     Begin,
@@ -214,18 +219,24 @@ class Pipeline(Streams, TwoPhase):
                 if fast is not None:
                     relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
                     writers = fast.get(relid, UNPLANNED)
+                    verdicts = state.raw_filters  # under a change_filter
                     if writers is UNPLANNED:
-                        writers = fast[relid] = self._fast_writers(state, relid)
+                        writers = fast[relid] = (
+                            self._fast_writers(state, relid) if verdicts is None
+                            else self._raw_filtered_writers(state, relid))
                     if writers is not None:
-                        self.changes += 1
-                        counts = state.counts
-                        key = (0, relid, data[0])
-                        counts[key] = counts.get(key, 0) + 1
-                        self._deliver(writers, data, lsn, state.base.xid, None,
-                                      decoder=self.decoder, state=state)
-                        if state.spool is not None:
-                            state.spool.append(lsn, 0, False, data)
-                        return
+                        verdict = RAW_PASS if verdicts is None else verdicts[relid](data)
+                        if verdict != RAW_UNSURE:  # else decoded and filtered below
+                            self.changes += 1
+                            counts = state.counts
+                            key = (0, relid, data[0])
+                            counts[key] = counts.get(key, 0) + 1
+                            if verdict == RAW_PASS:
+                                self._deliver(writers, data, lsn, state.base.xid, None,
+                                              decoder=self.decoder, state=state)
+                            if state.spool is not None:
+                                state.spool.append(lsn, 0, False, data)
+                            return
         message = self.decoder.decode(data)
         self._handlers[type(message)](message, lsn, data)
 
@@ -283,6 +294,8 @@ class Pipeline(Streams, TwoPhase):
             if state is not None:  # formatters of the old description
                 if state.fast is not None:
                     state.fast.pop(m.relation_id, None)
+                if state.raw_filters is not None:
+                    state.raw_filters.pop(m.relation_id, None)
                 if state.filtered_fast is not None:
                     state.filtered_fast.pop(m.relation_id, None)
 

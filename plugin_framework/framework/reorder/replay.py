@@ -9,12 +9,20 @@ block held back from streaming plugins (``txn.Block``) is delivered here too, as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from plugin_framework.framework.model import Relation, Transaction
 from plugin_framework.framework.reorder.buffer import ReorderBufferState
-from plugin_framework.framework.reorder.txn import UNPLANNED, Block, FastWriter, TxnState
+from plugin_framework.framework.reorder.txn import (
+    RAW_PASS,
+    RAW_UNSURE,
+    UNPLANNED,
+    Block,
+    FastWriter,
+    TxnState,
+)
 from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     ID_AFTER_TAG,
@@ -58,6 +66,8 @@ class Replay(ReorderBufferState):
             fast: dict[int, list[FastWriter] | None] | None = None
             if any(self.members[i].fast_change is not None for i in members):
                 fast = {}
+            # under a change_filter: per relation id, the raw change filter's verdicts
+            verdicts: dict[int, Callable[[bytes], int] | None] = {}
             for lsn, xid, in_stream, raw in spool:
                 if keepalive is not None:
                     keepalive()
@@ -71,15 +81,22 @@ class Replay(ReorderBufferState):
                     writers = fast.get(relid, UNPLANNED)
                     if writers is UNPLANNED:
                         rel = overlay.relations.get(relid)
+                        if rel is None:
+                            rel = self.relations.get(relid)
                         writers = fast[relid] = self._formatters(
-                            [(i, views[i]) for i in members],
-                            self.relations.get(relid) if rel is None else rel, lsn)
+                            [(i, views[i]) for i in members], rel, lsn)
+                        if self.change_filter is not None:
+                            verdicts[relid] = self._raw_verdict(rel)
                     if writers is not None:
                         decoder.in_stream = in_stream
-                        if self.change_filter is None:
+                        verdict = RAW_PASS
+                        if self.change_filter is not None:
+                            check = verdicts[relid]
+                            verdict = RAW_UNSURE if check is None else check(data)
+                        if verdict == RAW_PASS:
                             self._deliver(writers, data, lsn, txn.xid, None, raw=raw,
                                           decoder=decoder, state=overlay)
-                        else:
+                        elif verdict == RAW_UNSURE:
                             message = decoder.decode(raw)
                             assert isinstance(message, Insert | Update | Delete)
                             self._deliver_filtered(

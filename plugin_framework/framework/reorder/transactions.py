@@ -83,6 +83,8 @@ class Transactions(Holding):
                 state.fast = {}
             else:
                 state.filtered_fast = {}
+                if self.raw_change_filter is not None:
+                    state.fast, state.raw_filters = {}, {}
 
     def _on_commit(self, m: Commit, lsn: LSN, raw: bytes | None) -> None:
         state = self._current("commit")
@@ -103,3 +105,16 @@ class Transactions(Holding):
         the caches ``state.fast`` and ``state.filtered_fast``."""
         return self._formatters([(i, self._view(state, i)) for i in state.live],
                                 self.relations.get(relid), state.base.first_lsn or LSN(0))
+
+    def _raw_filtered_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
+        """Under a change_filter, the formatters for a relation (``_fast_writers``) when the
+        raw change filter decides on its raw changes (its verdict then goes in
+        ``state.raw_filters``); None when it does not (they are decoded and filtered)."""
+        assert state.raw_filters is not None
+        verdict = self._raw_verdict(self.relations.get(relid))
+        if verdict is None:
+            return None
+        writers = self._fast_writers(state, relid)
+        if writers is not None:
+            state.raw_filters[relid] = verdict
+        return writers

@@ -25,6 +25,9 @@ from plugin_framework.protocol import LSN
 FastWriter = tuple[Member, Transaction, FastChange | None]
 # In a fast-path cache (``TxnState.fast``): a relation not looked at yet.
 UNPLANNED: Any = object()
+# A raw change filter's verdicts on a raw row change (ReorderBufferState.raw_change_filter):
+# the change_filter would drop it, would pass it unaltered, or must be asked.
+RAW_DROP, RAW_PASS, RAW_UNSURE = 0, 1, 2
 
 
 @dataclass(eq=False)
@@ -99,6 +102,10 @@ class TxnState:
     # The same under a change_filter: used for a change the filter passes unaltered (the raw
     # message then says exactly what the change callback would get), after the filter.
     filtered_fast: dict[int, list[FastWriter] | None] | None = None
+    # Under a change_filter with a raw_change_filter: per relation id in ``fast``, the raw
+    # filter's verdict function (``fast`` then holds writers only for relations that have
+    # one; the others' changes are decoded and filtered).
+    raw_filters: dict[int, Callable[[bytes], int]] | None = None
     # row changes received, and TRUNCATEd relations, by (xid, relation id, pgoutput tag): the
     # pipeline's ``delivered`` counts once the transaction commits. The xid is a streamed
     # change's (sub)transaction, whose counts go with its abort; 0 for the others.
