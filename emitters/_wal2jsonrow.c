@@ -227,6 +227,26 @@ static Py_ssize_t *indexes(PyObject *tuple, Py_ssize_t ncols, Py_ssize_t *count)
     return out;
 }
 
+/* The value codes (one per column, each below V_CODES) as a new C array, the buffer
+ * released either way; NULL with an error set. */
+static unsigned char *take_codes(Py_buffer *codes) {
+    const unsigned char *given = codes->buf;
+    unsigned char *copy = NULL;
+    for (Py_ssize_t i = 0; i < codes->len; i++)
+        if (given[i] >= V_CODES) {
+            PyErr_SetString(PyExc_ValueError, "unknown value code");
+            goto done;
+        }
+    copy = PyMem_Malloc((size_t)codes->len + 1);
+    if (copy == NULL)
+        PyErr_NoMemory();
+    else
+        memcpy(copy, given, (size_t)codes->len);
+done:
+    PyBuffer_Release(codes);
+    return copy;
+}
+
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
     if (init_once(self->heads) < 0)
         return -1;
@@ -249,29 +269,20 @@ static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
         why = "heads must be 3 bytes objects";
     else if (!all_bytes(befores, ncols) || !all_bytes(afters, ncols) || !all_bytes(pks, ncols))
         why = "befores, afters and pks must be bytes, one per column";
-    for (Py_ssize_t i = 0; why == NULL && i < ncols; i++)
-        if (((unsigned char *)codes.buf)[i] >= V_CODES)
-            why = "unknown value code";
     if (why != NULL) {
         PyBuffer_Release(&codes);
         PyErr_SetString(PyExc_ValueError, why);
         return -1;
     }
     Py_ssize_t nkeys, npk;
-    unsigned char *code_copy = PyMem_Malloc((size_t)ncols + 1);
-    Py_ssize_t *keys = indexes(key, ncols, &nkeys);
+    unsigned char *code_copy = take_codes(&codes);
+    Py_ssize_t *keys = code_copy == NULL ? NULL : indexes(key, ncols, &nkeys);
     Py_ssize_t *pks_idx = keys == NULL ? NULL : indexes(pk, ncols, &npk);
-    if (code_copy == NULL || keys == NULL || pks_idx == NULL) {
+    if (pks_idx == NULL) {
         PyMem_Free(code_copy);
         PyMem_Free(keys);
-        PyMem_Free(pks_idx);
-        PyBuffer_Release(&codes);
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
         return -1;
     }
-    memcpy(code_copy, codes.buf, (size_t)ncols);
-    PyBuffer_Release(&codes);
     PyMem_Free(self->codes);
     PyMem_Free(self->key);
     PyMem_Free(self->pk);
@@ -501,27 +512,18 @@ static int V1RowFormat_init(V1RowFormat *self, PyObject *args, PyObject *kwargs)
         why = "heads must be 3 bytes objects, pieces 12";
     else if (!all_bytes(names, ncols) || !all_bytes(types, ncols) || !all_bytes(oids, ncols))
         why = "names, types and oids must be bytes, one per column";
-    for (Py_ssize_t i = 0; why == NULL && i < ncols; i++)
-        if (((unsigned char *)codes.buf)[i] >= V_CODES)
-            why = "unknown value code";
     if (why != NULL) {
         PyBuffer_Release(&codes);
         PyErr_SetString(PyExc_ValueError, why);
         return -1;
     }
     Py_ssize_t nkeys;
-    unsigned char *code_copy = PyMem_Malloc((size_t)ncols + 1);
-    Py_ssize_t *keys = indexes(key, ncols, &nkeys);
-    if (code_copy == NULL || keys == NULL) {
+    unsigned char *code_copy = take_codes(&codes);
+    Py_ssize_t *keys = code_copy == NULL ? NULL : indexes(key, ncols, &nkeys);
+    if (keys == NULL) {
         PyMem_Free(code_copy);
-        PyMem_Free(keys);
-        PyBuffer_Release(&codes);
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
         return -1;
     }
-    memcpy(code_copy, codes.buf, (size_t)ncols);
-    PyBuffer_Release(&codes);
     self->codes = code_copy;
     self->key = keys;
     self->nkeys = nkeys;
