@@ -2,11 +2,11 @@
 callbacks (issue: a 1 GB transaction in under 300 MB of RSS).
 
 The server streams the transaction while it is in progress (logical_decoding_work_mem =
-64kB); pgdecode spools it (64 MB in memory by default, the rest on disk) and replays it at
+64kB); pgdecode spools it (48 MB in memory by default, the rest on disk) and replays it at
 Stream Commit. Printed side by side: this process's RSS before streaming (the reference
 measured in the same run), its peak, and the transaction's size as pgoutput sent it.
 
-    python bench/reassembly.py [--size-mb 1024] [--bindir DIR] [--memory-limit-mb 64]
+    python bench/reassembly.py [--size-mb 1024] [--bindir DIR] [--memory-limit-mb 48]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import psycopg
 
 from plugin_framework import OutputPlugin, Pipeline
 from plugin_framework.cluster import LocalCluster, embedded_bindir
-from plugin_framework.framework import Output, OutputRecord
+from plugin_framework.framework import DEFAULT_MEMORY_LIMIT, Output, OutputRecord
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.walsender import WalsenderSource
@@ -75,7 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--bindir", type=Path, default=None)
-    parser.add_argument("--memory-limit-mb", type=int, default=64)
+    parser.add_argument("--memory-limit-mb", type=int,
+                        default=DEFAULT_MEMORY_LIMIT // (1024 * 1024))
     args = parser.parse_args()
     rows = args.size_mb * 1024 * 1024 // ROW_BYTES
     with tempfile.TemporaryDirectory(prefix="pgdecode-bench-") as tmp, \

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from plugin_framework import __version__
 from plugin_framework.app import EmitterChoice, UsageError
+from plugin_framework.framework import DEFAULT_MEMORY_LIMIT
 from plugin_framework.protocol import LSN
 from plugin_framework.rowfilter import add_cli_arguments
 from plugin_framework.sources.errors import ConninfoError, check_conninfo
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="load only these emitters (also PGDECODE_EMITTER_ALLOWLIST)")
         p.add_argument("--memory-limit", type=positive_megabytes, metavar="MB",
                        help="memory for reassembling transactions before spilling to disk "
-                            "(default 64)")
+                            f"(default {DEFAULT_MEMORY_LIMIT >> 20})")
 
     def connection_args(p: argparse.ArgumentParser, slot_required: bool = True) -> None:
         p.add_argument("-d", "--dbname", metavar="CONNINFO",
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds after which a micro-batch goes out (default 5)")
     p.add_argument("--memory-limit", type=positive_megabytes, metavar="MB",
                    help="memory for reassembling transactions before spilling to disk "
-                        "(default 64)")
+                        f"(default {DEFAULT_MEMORY_LIMIT >> 20})")
     add_cli_arguments(p)
 
     p = sub.add_parser("snapshot", help="ask a running stream for an incremental snapshot")

@@ -37,7 +37,11 @@ from plugin_framework.protocol import (
     Update,
 )
 
-DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024  # logical_decoding_work_mem's default
+# The spools' memory budget, shared by all held transactions (past it they go to disk). The
+# server's logical_decoding_work_mem defaults to 64 MB; this client's default is smaller so
+# that the whole process stays within about 100 MB (the interpreter and psycopg take about
+# 44 MB; spooled entries are packed, so the budget is what they take; docs/performance.md).
+DEFAULT_MEMORY_LIMIT = 48 * 1024 * 1024
 TRUNCATE_TAG = ord("T")
 # the op names of TxnState.counts' pgoutput tags, for Pipeline.delivered
 CHANGE_OPS = {ord("I"): "insert", ord("U"): "update", ord("D"): "delete",
