@@ -88,6 +88,9 @@ def main() -> None:
             conn.execute("CREATE TABLE big (id bigint, payload text)")
             conn.execute("CREATE PUBLICATION p FOR ALL TABLES")
             conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+            # The cluster commits asynchronously: without this, the end taken below can fall
+            # before the commit record, and the stream then rightly stops short of it.
+            conn.execute("SET synchronous_commit = on")
             t0 = time.monotonic()
             conn.execute("INSERT INTO big SELECT g, repeat(md5(g::text), %s) "
                          "FROM generate_series(1, %s) g", (ROW_BYTES // 32, rows))
