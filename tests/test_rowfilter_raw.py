@@ -158,9 +158,13 @@ SEEN: Counter[str] = Counter()
 
 
 @SETTINGS
-@given(expr=bool_exprs(), new=tuples(toast=True), old=tuples())
+@given(expr=bool_exprs(), new=tuples(toast=True), old=tuples(toast=True),
+       old_kind=st.sampled_from(["O", "K", None]))
 def test_verdicts_are_filter_changes(relation: tuple[Any, Relation], expr: str,
-                                     new: TupleData, old: TupleData) -> None:
+                                     new: TupleData, old: TupleData,
+                                     old_kind: str | None) -> None:
+    """``old_kind``: the UPDATE's and DELETE's old tuple, whole ("O": REPLICA IDENTITY FULL,
+    as the server sends for this table), the key's ("K") or, for an UPDATE, none."""
     db, rel = relation
     try:
         filters = PublicationFilters.from_spec(db.conninfo, {"public.rf": expr})
@@ -175,13 +179,16 @@ def test_verdicts_are_filter_changes(relation: tuple[Any, Relation], expr: str,
             SEEN["no program"] += 1
             return
         insert_new = TupleData(new.kinds.replace(b"u", b"n"), new.values)
+        key = old_kind == "K"
+        before = {"O": {"old": old}, "K": {"key": old}, None: {}}[old_kind]
+        update_old = None if old_kind is None else Row(rel, old)
         messages = [
             (Insert(rel.relation_id, insert_new),
              new_change(Action.INSERT, rel, Row(rel, insert_new), None, False, LSN(1), None)),
-            (Update(rel.relation_id, new, old=old),
-             new_change(Action.UPDATE, rel, Row(rel, new), Row(rel, old), False, LSN(1), None)),
-            (Delete(rel.relation_id, old=old),
-             new_change(Action.DELETE, rel, None, Row(rel, old), False, LSN(1), None)),
+            (Update(rel.relation_id, new, **before),
+             new_change(Action.UPDATE, rel, Row(rel, new), update_old, key, LSN(1), None)),
+            (Delete(rel.relation_id, **(before or {"old": old})),
+             new_change(Action.DELETE, rel, None, Row(rel, old), key, LSN(1), None)),
         ]
         for message, change in messages:
             verdict = raw.verdict(encode(message))
@@ -276,6 +283,18 @@ def test_common_filters_are_decided_in_c(relation: tuple[Any, Relation]) -> None
         assert filters.raw_filter_for(rel) is None
 
 
+def test_a_filter_too_long_for_c_is_evaluated_in_python(relation: tuple[Any, Relation]
+                                                        ) -> None:
+    """A filter of more nodes than C takes has no program; it filters as before."""
+    db, rel = relation
+    expr = " OR ".join(f"a = {i}" for i in range(1, 1101))
+    with PublicationFilters.from_spec(db.conninfo, {"public.rf": expr}) as filters:
+        assert filters.raw_filter_for(rel) is None
+        row = _row(id=b"1", a=b"1100")
+        change = new_change(Action.INSERT, rel, Row(rel, row), None, False, LSN(1), None)
+        assert outcome(filters, change) == "pass"
+
+
 def test_an_unpublished_table_is_dropped_raw(relation: tuple[Any, Relation]) -> None:
     db, rel = relation
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
@@ -344,7 +363,7 @@ def test_a_pipeline_delivers_the_same_with_and_without_raw_verdicts(
     toast = TupleData(b"tttnnun", (b"5", b"2", b"1", None, None, None, None))
     body = [*(Insert(rel.relation_id, r) for r in rows),
             Update(rel.relation_id, _row(id=b"3", a=b"2", v=b"NSW"), old=rows[2]),  # enters
-            Update(rel.relation_id, toast, old=rows[4]),  # unchanged TOAST: Python decides
+            Update(rel.relation_id, toast, old=rows[4]),  # unchanged TOAST, the filter's not
             Delete(rel.relation_id, old=rows[2]), Delete(rel.relation_id, old=rows[1])]
     messages = transaction(message, body) if shape == "ordinary" else streamed(message, body)
     for plugin in (JsonEmitter, TestDecodingEmitter):

@@ -34,6 +34,7 @@ RawFilter = Any  # _rawfilter.RawFilter: verdict(data) -> DROP, PASS or UNSURE
 Node = tuple[int, int, int, int, bytes]
 
 _SIZES = {INT2: 2, INT4: 4, INT8: 8}
+MAX_NODES = 4096  # what _rawfilter.c takes; a longer filter is evaluated in Python
 _TEXTS = {TEXT, VARCHAR}
 
 
@@ -177,7 +178,9 @@ def raw_program(tree: n.Expr, positions: Mapping[str, int]) -> tuple[Node, ...] 
     program = _Program(positions)
     try:
         program.compile(tree)
-    except _Unsupported:
+    except (_Unsupported, RecursionError, UnicodeEncodeError):
+        return None  # the Python evaluator takes it (it raises what is wrong with it)
+    if len(program.nodes) > MAX_NODES:
         return None
     return tuple(program.nodes)
 

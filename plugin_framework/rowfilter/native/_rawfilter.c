@@ -214,7 +214,7 @@ static Value arith(int op, long long x, long long y, long long size) {
 }
 
 static int same_text(Value x, Value y) {
-    return x.n == y.n && memcmp(x.s, y.s, x.n) == 0;
+    return x.n == y.n && (x.n == 0 || memcmp(x.s, y.s, x.n) == 0);
 }
 
 /* The tests of a boolean value: 1 true, 0 false. */
@@ -407,8 +407,9 @@ static void free_programs(RawFilter *self) {
 
 /* One program from its tuple of nodes; -1 with an error set. */
 static int read_program(PyObject *nodes, Py_ssize_t ncols, Program *out) {
+    /* at most 4096 nodes: rowfilter/raw.py's MAX_NODES */
     if (!PyTuple_Check(nodes) || PyTuple_GET_SIZE(nodes) == 0 || PyTuple_GET_SIZE(nodes) > 4096) {
-        PyErr_SetString(PyExc_ValueError, "a program is a non-empty tuple of nodes");
+        PyErr_SetString(PyExc_ValueError, "a program is a tuple of 1 to 4096 nodes");
         return -1;
     }
     int count = (int)PyTuple_GET_SIZE(nodes);
