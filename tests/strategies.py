@@ -90,3 +90,18 @@ def control(proto_version: int) -> st.SearchStrategy[object]:
     if proto_version >= 4:
         options.append(st.builds(StreamAbort, u32, u32, any_lsns, times))
     return st.one_of(*options)
+
+
+# --- SQL boolean expressions (the row-filter tests) ----------------------------------------------
+
+
+def sql_bool_combinations(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """``st.recursive``'s extension for SQL boolean expressions: AND, OR, NOT and the boolean
+    tests over ``inner``."""
+    return st.one_of(
+        st.tuples(inner, st.sampled_from(["AND", "OR"]), inner).map(
+            lambda x: f"({x[0]} {x[1]} {x[2]})"),
+        inner.map(lambda x: f"(NOT {x})"),
+        st.tuples(inner, st.sampled_from(["IS TRUE", "IS NOT TRUE", "IS FALSE", "IS NOT FALSE",
+                                          "IS UNKNOWN", "IS NOT UNKNOWN"])).map(
+            lambda x: f"({x[0]} {x[1]})"))

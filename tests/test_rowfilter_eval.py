@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import pq
 from psycopg.adapt import Transformer
+from strategies import sql_bool_combinations
 
 from plugin_framework.pgtypes.oids import FLOAT4
 from plugin_framework.rowfilter import RowFilterError
@@ -169,16 +170,7 @@ def bool_exprs() -> st.SearchStrategy[str]:
         st.tuples(num, num).map(
             lambda x: f"(CASE {x[0]} WHEN 1 THEN 'one' WHEN {x[1]} THEN 'x' END = 'one')"),
     )
-
-    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-        return st.one_of(
-            st.tuples(inner, st.sampled_from(["AND", "OR"]), inner).map(
-                lambda x: f"({x[0]} {x[1]} {x[2]})"),
-            inner.map(lambda x: f"(NOT {x})"),
-            st.tuples(inner, st.sampled_from(["IS TRUE", "IS NOT TRUE", "IS FALSE",
-                                              "IS UNKNOWN"])).map(lambda x: f"({x[0]} {x[1]})"),
-        )
-    return st.recursive(leaf, extend, max_leaves=3)
+    return st.recursive(leaf, sql_bool_combinations, max_leaves=3)
 
 
 # --- harness -----------------------------------------------------------------------------------

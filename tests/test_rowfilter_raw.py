@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import sql_bool_combinations
 
 from plugin_framework.framework.model import Action, Relation, Row, new_change
 from plugin_framework.framework.reorder.txn import RAW_DROP, RAW_PASS, RAW_UNSURE
@@ -85,16 +86,7 @@ def bool_exprs() -> st.SearchStrategy[str]:
                          "NULL::bool", "(flag IS DISTINCT FROM true)", "(flag < true)"]),
     )
 
-    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-        return st.one_of(
-            st.tuples(inner, st.sampled_from(["AND", "OR"]), inner).map(
-                lambda x: f"({x[0]} {x[1]} {x[2]})"),
-            inner.map(lambda x: f"(NOT {x})"),
-            st.tuples(inner, st.sampled_from(["IS TRUE", "IS NOT TRUE", "IS FALSE",
-                                              "IS NOT FALSE", "IS UNKNOWN",
-                                              "IS NOT UNKNOWN"])).map(
-                lambda x: f"({x[0]} {x[1]})"))
-    return st.recursive(leaf, extend, max_leaves=4)
+    return st.recursive(leaf, sql_bool_combinations, max_leaves=4)
 
 
 # --- rows: the server's texts, and some it never writes ------------------------------------------
