@@ -486,6 +486,20 @@ static PyObject *RowFormat_line(RowFormat *self, PyObject *const *args, Py_ssize
     return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_txn_line);
 }
 
+PyDoc_STRVAR(lines_doc,
+"lines(datas, start, lsn, txn) -> (list[bytes], int)\n--\n\n"
+"line(data, lsn, txn) for datas[start], datas[start + 1], ... in one call, up to the first\n"
+"message line() gives None for: the lines, and that message's index (len(datas) if none).");
+
+static PyObject *RowFormat_lines(RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
+    return row_lines((PyObject *)self, self->heads, self->ncols, args, nargs, format_txn_line);
+}
+
+static PyObject *RowFormat_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return row_call(self, args, kwargs,
+                    (PyObject * (*)(PyObject *, PyObject *const *, Py_ssize_t))RowFormat_line);
+}
+
 static int RowFormat_init(RowFormat *self, PyObject *args, PyObject *kwargs) {
     if (init_once(self->heads) < 0)
         return -1;
@@ -584,6 +598,7 @@ static void RowFormat_dealloc(RowFormat *self) {
 
 static PyMethodDef RowFormat_methods[] = {
     {"line", (PyCFunction)(void (*)(void))RowFormat_line, METH_FASTCALL, line_doc},
+    {"lines", (PyCFunction)(void (*)(void))RowFormat_lines, METH_FASTCALL, lines_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -606,6 +621,7 @@ static PyTypeObject RowFormat_Type = {
     .tp_traverse = (traverseproc)RowFormat_traverse,
     .tp_clear = (inquiry)RowFormat_clear,
     .tp_methods = RowFormat_methods,
+    .tp_call = RowFormat_call,
 };
 
 static struct PyModuleDef module = {

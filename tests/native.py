@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 from recorders import with_fast_path
 
@@ -110,10 +111,11 @@ class Run:
     def __init__(self, plugin: Callable[[], Any], messages: list[bytes], fast: bool,
                  options: dict[str, str | None], proto: int = 1) -> None:
         self.used: Counter[str] = Counter()
+        self.formatters: list[Any] = []
         pipeline = Pipeline(proto_version=proto)
         out = MemoryOutput()
-        pipeline.add(with_fast_path(plugin(), self.used, fast), options=dict(options),
-                     output=out)
+        pipeline.add(with_fast_path(plugin(), self.used, fast, seen=self.formatters),
+                     options=dict(options), output=out)
         pipeline.startup()
         self.error: str | None = None
         lsn = 0x16B3748
@@ -134,7 +136,30 @@ def both(plugin: Callable[[], Any], messages: list[bytes], options: dict[str, st
     assert fast.error == reference.error
     assert fast.lines == reference.lines
     assert not reference.used
+    for formatter in fast.formatters:
+        lines_agree(formatter.write, formatter.calls)
     return fast
+
+
+def lines_agree(write: Any, calls: list[tuple[bytes, Any, Any]]) -> None:
+    """A formatter's ``lines``, from any start in the messages it was given one by one, is
+    its ``line`` of each message in turn up to the first it declines (or the same error)."""
+    if not hasattr(write, "lines"):
+        return
+    datas = [data for data, _, _ in calls]
+    for start, (_, lsn, txn) in enumerate(calls):
+        expected: list[bytes] = []
+        try:
+            for data in datas[start:]:
+                line = write(data, lsn, txn)
+                if line is None:
+                    break
+                expected.append(line)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                write.lines(datas, start, lsn, txn)
+            continue
+        assert write.lines(datas, start, lsn, txn) == (expected, start + len(expected))
 
 
 def damaged_outcomes_agree(plugin: Callable[[], Any], relation: RelationMessage,

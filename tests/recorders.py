@@ -183,10 +183,14 @@ def apply_two_phase(events: list[Event]) -> list[Event]:
     return out
 
 
-def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True) -> LoadedPlugin:
+def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True,
+                   batch: bool = True, seen: list[Any] | None = None) -> LoadedPlugin:
     """``plugin`` loaded with its ``fast_change`` callback counting in ``counts`` the changes
-    its formatters write ("fast") and decline ("declined"); with ``fast`` false, loaded
-    without it (every change through its change callback)."""
+    its formatters write ("fast") and decline ("declined"), and the changes written by their
+    ``lines`` ("batched", counted in "fast" too); with ``fast`` false, loaded without it
+    (every change through its change callback); with ``batch`` false, its formatters without
+    ``lines`` (one call per change). ``seen`` receives each formatter, wrapped: its
+    ``write``, and the ``calls`` (data, lsn, txn) of it one change at a time."""
     loaded = LoadedPlugin(plugin)
     compile_ = loaded.callbacks.get("fast_change")
     assert compile_ is not None, f"{plugin.name} has no fast path: is its C module built?"
@@ -194,16 +198,34 @@ def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True) -> Load
         del loaded.callbacks["fast_change"]
         return loaded
 
+    class Counted:
+        def __init__(self, write: Any) -> None:
+            self.write = write
+            self.calls: list[tuple[bytes, Any, Any]] = []
+            if batch and hasattr(write, "lines"):
+                self.lines = self._lines
+
+        def __call__(self, data: bytes, lsn: Any, txn: Any) -> bytes | None:
+            self.calls.append((data, lsn, txn))
+            line = self.write(data, lsn, txn)
+            counts["fast" if line is not None else "declined"] += 1
+            return line
+
+        def _lines(self, datas: list[bytes], start: int, lsn: Any,
+                   txn: Any) -> tuple[list[bytes], int]:
+            records, taken = self.write.lines(datas, start, lsn, txn)
+            counts["fast"] += len(records)
+            counts["batched"] += len(records)
+            counts["declined"] += taken < len(datas)
+            return records, taken
+
     def compiled(ctx: Any, relation: Any) -> Any:
         write = compile_(ctx, relation)
         if write is None:  # no formatter for this relation (in this transaction)
             return None
-
-        def counted(data: bytes, lsn: Any, txn: Any) -> bytes | None:
-            line = write(data, lsn, txn)
-            counts["fast" if line is not None else "declined"] += 1
-            return line
-
+        counted = Counted(write)
+        if seen is not None:
+            seen.append(counted)
         return counted
 
     loaded.callbacks["fast_change"] = compiled

@@ -39,7 +39,9 @@ from streamkit import (
 )
 
 from emitters.json import JsonEmitter
-from plugin_framework import LSN, MemoryOutput, Pipeline
+from emitters.text import TestDecodingEmitter
+from emitters.wal2json import Wal2JsonEmitter
+from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.snapshot import TableCopy, _copyrow, copy_chunks, published_tables
@@ -382,30 +384,53 @@ def wait_acknowledged_slot(conninfo: str, slot: str, lsn: LSN) -> None:
              >= lsn, timeout=120, what=f"slot {slot} acknowledged")
 
 
-def test_the_fast_path_writes_the_copy_as_the_change_callback_does(db: Any) -> None:
-    """The json emitter's C formatter writes the copied rows (op snapshot) exactly as its
-    change callback does, for every type of the tables (one path per change)."""
+SNAPSHOT_EMITTERS: dict[str, tuple[Callable[[], Any], dict[str, str | None]]] = {
+    "json": (JsonEmitter, {}),
+    # skip-empty-xacts: each chunk's first row goes to the callback (it prints the BEGIN)
+    "text": (TestDecodingEmitter, {"skip-empty-xacts": None}),
+    "wal2json": (Wal2JsonEmitter, {"format-version": "2"}),
+}
+
+
+@pytest.mark.parametrize("emitter", list(SNAPSHOT_EMITTERS))
+def test_the_fast_path_writes_the_copy_as_the_change_callback_does(
+        db: Any, emitter: str, tmp_path: Path) -> None:
+    """The emitters' C formatters write the copied rows exactly as their change callbacks
+    do, for every type of the tables (one path per change): a chunk at a time through their
+    ``lines`` into a file, one row at a time, and without them."""
     make_tables(db.conninfo, rows=3000)
     query(db.conninfo, "INSERT INTO big VALUES (-1, 'NaN', NULL, E'tab\\there \\\\ \"q\" ü', "
                        "repeat('long', 3000))")
     with psycopg.connect(db.conninfo) as conn:
         tables = published_tables(conn, ["pub"])
         chunks = [chunk for table in tables for chunk in copy_chunks(conn, table, 700)]
+    plugin, options = SNAPSHOT_EMITTERS[emitter]
     outputs = []
-    counts: Counter[str] = Counter()
-    for fast in (True, False):
+    counts: dict[str, Counter[str]] = {}
+    for mode in ("lines", "line", "callback"):
+        counts[mode] = Counter()
         pipeline = Pipeline(proto_version=4)
-        out = MemoryOutput()
-        pipeline.add(with_fast_path(JsonEmitter(), counts, fast=fast), output=out)
+        out: Any = FileOutput(tmp_path / "out") if mode == "lines" else MemoryOutput()
+        pipeline.add(with_fast_path(plugin(), counts[mode], fast=mode != "callback",
+                                    batch=mode == "lines"), options=dict(options), output=out)
         pipeline.startup()
+        pipeline.begin_snapshot()
         for chunk in chunks:
             assert chunk.table.relation is not None
             pipeline.snapshot_rows(chunk.table.relation, chunk.table.types, chunk.inserts,
                                    LSN("0/1000"), datetime(2026, 1, 1, tzinfo=UTC))
-        outputs.append(out.lines)
-    assert counts["fast"] == len(outputs[0]) > 3000
-    assert outputs[0] == outputs[1]
-    assert all(json.loads(line)["op"] == "snapshot" for line in outputs[0])
+        pipeline.end_snapshot(LSN("0/1000"))
+        if mode == "lines":
+            out.close()
+            outputs.append((tmp_path / "out").read_text().splitlines())
+        else:
+            outputs.append(out.lines)
+    rows = sum(len(chunk.inserts) for chunk in chunks)
+    assert counts["lines"]["batched"] > rows * 0.9
+    assert counts["line"]["fast"] > rows * 0.9 and not counts["line"]["batched"]
+    assert not counts["callback"]
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert len(outputs[0]) >= rows
 
 
 def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: Any) -> None:

@@ -8,8 +8,8 @@ called, and tests/test_json_native.py holds each declared code equal to its conv
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
 import orjson
 
@@ -42,11 +42,12 @@ def native_code(conv: Converter) -> int:
 
 def row_format(relation_id: int, heads: tuple[bytes, ...], names: Sequence[str],
                converters: tuple[Converter, ...], key_idx: tuple[int, ...],
-               ) -> Callable[[bytes, int, Any], bytes | None] | None:
-    """The C formatter of one relation's row-change lines (its ``line(data, lsn, txn)``), or
-    None without the C module."""
+               ) -> _jsonrow.RowFormat | None:
+    """The C formatter of one relation's row-change lines (called as its ``line(data, lsn,
+    txn)``; ``lines`` formats a run of messages in one call), or None without the C
+    module."""
     if _jsonrow is None:
         return None
     return _jsonrow.RowFormat(
         relation_id, heads, tuple(_dumps(name) for name in names),
-        bytes(native_code(conv) for conv in converters), converters, key_idx, _dumps).line
+        bytes(native_code(conv) for conv in converters), converters, key_idx, _dumps)

@@ -7,8 +7,7 @@ from one description. tests/test_text_native.py holds the two equal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from emitters.text.relation import BARE, BIT, BOOL, QUOTED
 
@@ -32,10 +31,11 @@ _STYLES: Final[dict[int, int]] = (
 
 
 def row_format(text: RelationText, gated: bool
-               ) -> Callable[[bytes, int, Any], bytes | None] | None:
-    """The C formatter of a relation's row-change lines (its ``line(data, lsn, txn)``), or
-    None without the C module. ``gated``: skip-empty-xacts, where a transaction's first
-    change goes through the callback, which prints the BEGIN first."""
+               ) -> _textrow.RowFormat | None:
+    """The C formatter of a relation's row-change lines (called as its ``line(data, lsn,
+    txn)``; ``lines`` formats a run of messages in one call), or None without the C module.
+    ``gated``: skip-empty-xacts, where a transaction's first change goes through the
+    callback, which prints the BEGIN first."""
     if _textrow is None:
         return None
     columns = text.tuple_columns
@@ -43,4 +43,4 @@ def row_format(text: RelationText, gated: bool
         text.relation.relation_id, (text.insert, text.update, text.delete),
         bytes(_STYLES[style] for style, _, _ in columns),
         tuple(head for _, head, _ in columns), tuple(bare for _, _, bare in columns),
-        gated).line
+        gated)

@@ -42,9 +42,10 @@ _CODES: Final[dict[Converter, int]] = {} if _wal2jsonrow is None else {
 }
 
 
-def v2_row_format(st: State, r: Rel) -> Callable[[bytes, int, Any], bytes | None] | None:
-    """The C formatter of a table's v2 row objects in the current transaction (its
-    ``line(data, lsn, txn)``), or None (no C module, or a converter it does not know)."""
+def v2_row_format(st: State, r: Rel) -> _wal2jsonrow.RowFormat | None:
+    """The C formatter of a table's v2 row objects in the current transaction (called as its
+    ``line(data, lsn, txn)``; ``lines`` formats a run of messages in one call), or None (no
+    C module, or a converter it does not know)."""
     if _wal2jsonrow is None:
         return None
     if not all(col.convert in _CODES for col in r.cols):
@@ -58,7 +59,7 @@ def v2_row_format(st: State, r: Rel) -> Callable[[bytes, int, Any], bytes | None
         tuple(col.v2_pk for col in r.cols), bytes(_CODES[col.convert] for col in r.cols),
         tuple(r.key), tuple(r.pk or ()),
         st.do_insert | st.do_update << 1 | st.do_delete << 2,
-        st.include_lsn, st.include_pk, r.has_identity).line
+        st.include_lsn, st.include_pk, r.has_identity)
 
 
 def v1_row_format(st: State, r: Rel

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from plugin_framework.framework.model import Transaction
-from plugin_framework.framework.outputs import Output, OutputError, new_record
+from plugin_framework.framework.outputs import Output, OutputError, new_record, write_many
 from plugin_framework.protocol import LSN
 
 
@@ -38,6 +38,14 @@ class FastChange(Protocol):
 
     def __call__(self, data: bytes, lsn: LSN, txn: Transaction,
                  /) -> bytes | Literal[True] | None: ...
+
+
+class FastLines(Protocol):
+    """A formatter's optional ``lines``: its records for a run of raw row changes (see
+    hookspecs.fast_change)."""
+
+    def __call__(self, datas: list[bytes], start: int, lsn: LSN, txn: Transaction,
+                 /) -> tuple[list[bytes], int]: ...
 
 
 @dataclass(eq=False)
@@ -103,6 +111,19 @@ class LogicalDecodingContext:
         self.write_xid = xid
         self._check_textual(data)
         self.output.write(new_record(lsn, xid, data))
+
+    def write_records(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
+        """``write_record`` for each of ``datas`` (a formatter's ``lines``), in one call of
+        the output where it has ``write_many``."""
+        self.write_location = lsn
+        self.write_xid = xid
+        if self.options.output_type is OutputType.TEXTUAL:
+            try:
+                b"".join(datas).decode()  # one pass over them all: cheaper than one each
+            except UnicodeDecodeError:
+                for data in datas:  # which one, for the message
+                    self._check_textual(data)
+        write_many(self.output, lsn, xid, datas)
 
     def emit(self, data: str | bytes) -> None:
         """prepare_write, append ``data``, write: the common case in one call (and cheaper:

@@ -147,4 +147,10 @@ def fast_change(ctx: Any, relation: Any) -> Any:
     The pipeline asks once per relation per transaction, and uses the formatter wherever
     ``change`` would get the message's change unaltered (docs/framework.md, "A fast path");
     it writes the record at the change's LSN as ``ctx.emit`` would. ``change`` stays the
-    reference. It exists for speed: the built-in emitters' formatters are written in C."""
+    reference. It exists for speed: the built-in emitters' formatters are written in C.
+
+    A formatter may also have ``lines(datas, start, lsn, txn)``: the records ``write`` would
+    return for ``datas[start]``, ``datas[start + 1]``, ... (a list of messages at one LSN), up
+    to the first for which it would return None, as ``(records, next)``, ``next`` that
+    message's index or ``len(datas)``. The pipeline uses it for runs of changes it has all at
+    once (an initial snapshot's chunk); its formatter must not return True."""

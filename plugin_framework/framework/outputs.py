@@ -46,6 +46,18 @@ def new_record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:
     return record
 
 
+def write_many(output: Output, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
+    """A record of each of ``datas`` at ``lsn`` and ``xid``, in order: in one call where the
+    output has ``write_many``, else one ``write`` each."""
+    many = getattr(output, "write_many", None)
+    if many is not None:
+        many(lsn, xid, datas)
+        return
+    write = output.write
+    for data in datas:
+        write(new_record(lsn, xid, data))
+
+
 def _delivered(two_phase: bool) -> str:
     return ("at PREPARE (two-phase on)" if two_phase
             else "whole at COMMIT PREPARED (two-phase off)")
@@ -77,6 +89,8 @@ class Output(Protocol):
     # short by a lost connection (the server sends it again from its start).
     #   def savepoint(self) -> object: where the output is now
     #   def rollback_to(self, savepoint: object) -> None: drop everything written since
+    # Optional: many records of one LSN and xid in one call (write_many below calls it).
+    #   def write_many(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None
 
 
 class MemoryOutput:
@@ -354,6 +368,11 @@ class FileOutput:
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
+
+    def write_many(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
+        if datas:
+            self._write(b"\n".join(datas))
+            self._write(b"\n")
 
     def savepoint(self) -> int | None:
         """The file's size now (None for a pipe or terminal, which cannot take back lines)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugin_framework.framework.context import FastChange, LogicalDecodingContext
+from plugin_framework.framework.context import FastChange, FastLines, LogicalDecodingContext
 from plugin_framework.framework.model import Change, Relation, Transaction
 from plugin_framework.framework.plugin import LoadedPlugin
 from plugin_framework.protocol import LSN
@@ -96,6 +96,21 @@ class Member:
         except Exception as exc:
             raise self._error("change", lsn, exc) from exc
         return True
+
+    def call_fast_lines(self, lines: FastLines, datas: list[bytes], start: int, lsn: LSN,
+                        xid: int | None, txn: Transaction) -> int:
+        """``call_fast_change`` for ``datas[start]``, ``datas[start + 1]``, ... in one call of
+        the formatter's ``lines``: the index of the first change it did not take (the
+        change callback's then), or ``len(datas)``."""
+        try:
+            records, taken = lines(datas, start, lsn, txn)
+            if records:
+                self.ctx.write_records(lsn, xid, records)
+        except CallbackError:
+            raise
+        except Exception as exc:
+            raise self._error("change", lsn, exc) from exc
+        return taken
 
     def _error(self, cb: str, lsn: LSN, exc: Exception) -> CallbackError:
         ctx = self.ctx

@@ -190,15 +190,53 @@ static int init_once(PyObject *made) {
     return 0;
 }
 
-/* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns (`made`:
- * its heads, NULL if __init__ never ran): the arguments checked, the columns on the stack
- * (up to 64) or the heap; the text as bytes, None for DEFER, NULL with the error for FAIL. */
-static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
-                          PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+/* Room for a message's old and new columns and ncols column indexes of scratch: on the
+ * stack (ScratchCols' arrays) up to 64 columns, on the heap past that. */
+typedef struct {
+    Column stack_cols[2 * 64];
+    Py_ssize_t stack_scratch[64];
+    Column *cols;
+    Py_ssize_t *scratch;
+} ScratchCols;
+
+static int scratch_init(ScratchCols *s, Py_ssize_t ncols) {
+    s->cols = s->stack_cols;
+    s->scratch = s->stack_scratch;
+    if (ncols > 64) {
+        s->cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)ncols);
+        s->scratch = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)ncols);
+        if (s->cols == NULL || s->scratch == NULL) {
+            PyMem_Free(s->cols);
+            PyMem_Free(s->scratch);
+            PyErr_NoMemory();
+            return FAIL;
+        }
+    }
+    return OK;
+}
+
+static void scratch_free(ScratchCols *s) {
+    if (s->cols != s->stack_cols) {
+        PyMem_Free(s->cols);
+        PyMem_Free(s->scratch);
+    }
+}
+
+static int check_made(PyObject *made) {
     if (made == NULL) {
         PyErr_SetString(PyExc_TypeError, "RowFormat.__init__ was not called");
-        return NULL;
+        return FAIL;
     }
+    return OK;
+}
+
+/* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns (`made`:
+ * its heads, NULL if __init__ never ran): the arguments checked, the columns in a
+ * ScratchCols; the text as bytes, None for DEFER, NULL with the error for FAIL. */
+static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
+                          PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+    if (check_made(made) < 0)
+        return NULL;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "line() takes data, lsn and txn");
         return NULL;
@@ -211,23 +249,14 @@ static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
     unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
     if (lsn == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    Column stack_cols[2 * 64];
-    Py_ssize_t stack_scratch[64];
-    Column *cols = stack_cols;
-    Py_ssize_t *scratch = stack_scratch;
-    if (ncols > 64) {
-        cols = PyMem_Malloc(sizeof(Column) * 2 * (size_t)ncols);
-        scratch = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)ncols);
-        if (cols == NULL || scratch == NULL) {
-            PyMem_Free(cols);
-            PyMem_Free(scratch);
-            return PyErr_NoMemory();
-        }
-    }
+    ScratchCols s;
+    if (scratch_init(&s, ncols) < 0)
+        return NULL;
     Buf b;
     buf_init(&b);
     int rc = format(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
-                    (size_t)PyBytes_GET_SIZE(data), lsn, args[2], cols, cols + ncols, scratch);
+                    (size_t)PyBytes_GET_SIZE(data), lsn, args[2], s.cols, s.cols + ncols,
+                    s.scratch);
     PyObject *result;
     if (rc == OK)
         result = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
@@ -236,11 +265,81 @@ static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
     else
         result = NULL;
     buf_free(&b);
-    if (cols != stack_cols) {
-        PyMem_Free(cols);
-        PyMem_Free(scratch);
-    }
+    scratch_free(&s);
     return result;
+}
+
+/* A RowFormat called as a function: its line(data, lsn, txn). */
+static PyObject *row_call(PyObject *self, PyObject *args, PyObject *kwargs,
+                          PyObject *(*line)(PyObject *, PyObject *const *, Py_ssize_t)) {
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "a RowFormat takes no keyword arguments");
+        return NULL;
+    }
+    return line(self, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args));
+}
+
+/* --- lines(datas, start, lsn, txn): line() for a run of messages in one call -------------- */
+
+/* The body of a RowFormat's lines(datas, start, lsn, txn): what line(data, lsn, txn) gives
+ * for datas[start], datas[start + 1], ... (a list of bytes), up to the first message it
+ * would give None for, as (lines, next): next is that message's index, or len(datas). The
+ * same `format` as line() writes each; only the calls from Python are saved. */
+static PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t ncols,
+                           PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+    if (check_made(made) < 0)
+        return NULL;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "lines() takes datas, start, lsn and txn");
+        return NULL;
+    }
+    PyObject *datas = args[0];
+    if (!PyList_Check(datas)) {
+        PyErr_SetString(PyExc_TypeError, "lines(): datas must be a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "lines(): start must not be negative");
+        return NULL;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[2]);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    ScratchCols s;
+    if (scratch_init(&s, ncols) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    Buf b;
+    buf_init(&b);
+    /* The list is read again at each step: a converter called from format could change it. */
+    for (; out != NULL && i < PyList_GET_SIZE(datas); i++) {
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "lines(): datas must be a list of bytes");
+            Py_CLEAR(out);
+            break;
+        }
+        Py_INCREF(data);
+        b.len = 0;
+        int rc = format(self, &b, (const unsigned char *)PyBytes_AS_STRING(data),
+                        (size_t)PyBytes_GET_SIZE(data), lsn, args[3], s.cols, s.cols + ncols,
+                        s.scratch);
+        Py_DECREF(data);
+        if (rc == DEFER)
+            break;
+        PyObject *line = rc == OK ? PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len) : NULL;
+        if (line == NULL || PyList_Append(out, line) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(line);
+    }
+    buf_free(&b);
+    scratch_free(&s);
+    if (out == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, i);
 }
 
 #endif /* PGDECODE_PGROW_H */
