@@ -473,6 +473,44 @@ def test_the_c_copy_reader_gives_the_python_reader_s_messages(
     assert fast == slow
 
 
+def test_the_copy_reader_leaves_the_connection_usable_and_reports_errors(db: Any) -> None:
+    """copy_out, libpq's COPY loop: a consumer that stops early leaves the connection
+    usable (the rest is read and dropped); a table it may not read, and a backend
+    terminated in the middle of the copy, are psycopg's errors, as with psycopg's Copy."""
+    if _copyrow is None:
+        pytest.skip("the C module is not built")
+    make_tables(db.conninfo, rows=60_000)
+    with psycopg.connect(db.conninfo) as conn:
+        table = published_tables(conn, ["pub"])[0]
+        chunks = copy_chunks(conn, table, 100)
+        first = next(chunks)
+        assert len(first.inserts) == 100 and not first.last
+        chunks.close()
+        assert conn.execute("SELECT count(*) FROM big").fetchone() == (60_000,)
+        whole = [i for c in copy_chunks(conn, table, 25_000) for i in c.inserts]
+        assert len(whole) == 60_000 and whole[:100] == first.inserts
+
+        query(db.conninfo, "CREATE ROLE copy_reader LOGIN; "
+                           "GRANT USAGE ON SCHEMA public TO copy_reader")
+    try:
+        with psycopg.connect(db.conninfo, user="copy_reader") as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+                list(copy_chunks(conn, table, 100))
+            conn.rollback()
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        query(db.conninfo, "DROP OWNED BY copy_reader; DROP ROLE copy_reader")
+
+    with psycopg.connect(db.conninfo) as conn:
+        pid = conn.info.backend_pid
+        chunks = copy_chunks(conn, table, 100)
+        next(chunks)
+        query(db.conninfo, "SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(psycopg.OperationalError):
+            for _ in chunks:
+                pass
+
+
 def change_later(conninfo: str, stop: threading.Event, seed: int, rows: int) -> None:
     """Insert, update, change the key of and delete rows of table "later" until ``stop``."""
     r = random.Random(seed)

@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
+from psycopg.abc import Buffer
 
 from plugin_framework.protocol import (
     Decoder,
@@ -304,29 +307,108 @@ class SnapshotCopy:
 def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int,
                 fast: bool = True, statement: sql.Composed | None = None) -> Iterator[Chunk]:
     """A table's rows, as COPY reads them in ``conn``'s transaction, in chunks. ``fast``:
-    through the C module where it is built (the same bytes, tests/test_snapshot.py).
-    ``statement``: a copy_statement of part of them (incremental.py's chunk)."""
-    inserts: list[bytes] = []
+    through the C module where it is built, and libpq (``copy_out``); else psycopg's Copy
+    (the same bytes, tests/test_snapshot.py). ``statement``: a copy_statement of part of
+    them (incremental.py's chunk)."""
     relid, ncols = table.relid, len(table.columns)
-    with conn.cursor().copy(statement or copy_statement(table)) as copy:
-        if fast and _copyrow is not None:
-            # One CopyData message per row, as the server sends COPY TO
-            head = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")
-            convert = _copyrow.insert_message
-            for data in copy:
-                inserts.append(convert(head, ncols, data))
-                if len(inserts) >= chunk_rows:
-                    yield Chunk(table, inserts, False)
-                    inserts = []
-        else:
-            for row in copy.rows():
-                inserts.append(encode(Insert(relid, TupleData(
-                    bytes(_NULL if v is None else _TEXT for v in row),
-                    tuple(None if v is None else v.encode() for v in row)))))
-                if len(inserts) >= chunk_rows:
-                    yield Chunk(table, inserts, False)
-                    inserts = []
+    statement = statement or copy_statement(table)
+    if fast and _copyrow is not None:
+        head = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")
+        for rows in copy_out(conn, statement, partial(_copyrow.insert_message, head, ncols),
+                             chunk_rows):
+            yield Chunk(table, rows, len(rows) < chunk_rows)  # only the last is short
+        return
+    inserts: list[bytes] = []
+    with conn.cursor().copy(statement) as copy:
+        for row in copy.rows():
+            inserts.append(encode(Insert(relid, TupleData(
+                bytes(_NULL if v is None else _TEXT for v in row),
+                tuple(None if v is None else v.encode() for v in row)))))
+            if len(inserts) >= chunk_rows:
+                yield Chunk(table, inserts, False)
+                inserts = []
     yield Chunk(table, inserts, True)
+
+
+def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable,
+             convert: Callable[[Buffer], bytes], chunk_rows: int) -> Iterator[list[bytes]]:
+    """Run ``statement``, a COPY ... TO STDOUT, on ``conn`` and yield ``convert`` of each
+    row (one CopyData message) in lists of ``chunk_rows``, then the rest (always, maybe
+    empty; so only the last list is short).
+
+    Through libpq (psycopg.pq, psycopg's documented low-level interface), as the replication
+    stream is read (replication.py): psycopg's ``Copy.read`` waits through a generator for
+    every row, which cost as much as the rest of the row's way; this waits only when libpq
+    has no whole row buffered. Errors are psycopg's (``psycopg.errors`` by SQLSTATE). Left
+    early (the consumer stops), the rest of the COPY is read and dropped, as psycopg's Copy
+    does, so that the connection can be used again."""
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.as_bytes(conn))
+    result = _next_result(pgconn)
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        _drain_results(pgconn)
+        raise _error(pgconn, result)
+    get = pgconn.get_copy_data
+    rows: list[bytes] = []
+    append = rows.append
+    done = False
+    try:
+        while True:
+            nbytes, data = get(1)
+            if nbytes > 0:
+                append(convert(data))
+                if len(rows) >= chunk_rows:
+                    yield rows
+                    rows = []
+                    append = rows.append
+            elif nbytes == 0:
+                _wait(pgconn)
+            else:  # -1: the COPY is over; -2: libpq failed (its result says why)
+                break
+        done = True
+        result = _next_result(pgconn)
+        _drain_results(pgconn)
+        if result is None or result.status != pq.ExecStatus.COMMAND_OK:
+            raise _error(pgconn, result)
+    finally:
+        if not done:
+            with contextlib.suppress(psycopg.Error, OSError):
+                while (nbytes := get(1)[0]) >= 0:
+                    if nbytes == 0:
+                        _wait(pgconn)
+                _drain_results(pgconn)
+    yield rows
+
+
+def _wait(pgconn: pq.abc.PGconn) -> None:
+    """Until the server sends more (psycopg's wait, without its generator)."""
+    select.select([pgconn.socket], [], [])
+    pgconn.consume_input()
+
+
+def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    while pgconn.is_busy():
+        _wait(pgconn)
+    return pgconn.get_result()
+
+
+def _drain_results(pgconn: pq.abc.PGconn) -> None:
+    while _next_result(pgconn) is not None:
+        pass
+
+
+def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Error:
+    """The psycopg exception for a failed result (its SQLSTATE's class), or for libpq's
+    error (a lost connection)."""
+    if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        code = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+        try:
+            return psycopg.errors.lookup(code)(message)
+        except KeyError:
+            return psycopg.DatabaseError(message)
+    message = pgconn.get_error_message().strip()
+    return psycopg.OperationalError(message or "the COPY ended without a result")
 
 
 def any_output_in(pipeline: Any, state: str) -> bool:
