@@ -223,11 +223,9 @@ class Pipeline(Streams, TwoPhase):
                 if fast is not None:
                     relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
                     writers = fast.get(relid, UNPLANNED)
-                    verdicts = state.raw_filters  # under a change_filter
                     if writers is UNPLANNED:
-                        writers = fast[relid] = (
-                            self._fast_writers(state, relid) if verdicts is None
-                            else self._raw_filtered_writers(state, relid))
+                        writers = self._plan_writers(state, relid)
+                    verdicts = state.raw_filters  # under a change_filter
                     if writers is not None:
                         verdict = RAW_PASS if verdicts is None else verdicts[relid](data)
                         if verdict != RAW_UNSURE:  # else decoded and filtered below
@@ -255,9 +253,7 @@ class Pipeline(Streams, TwoPhase):
                 and self._pending is None:
             writers = fast.get(relid, UNPLANNED)
             if writers is UNPLANNED:
-                writers = fast[relid] = (
-                    self._fast_writers(state, relid) if verdicts is None
-                    else self._raw_filtered_writers(state, relid))
+                writers = self._plan_writers(state, relid)
         if writers is None:  # no formatter, or the filter must see each change decoded
             for data in datas:
                 self.feed(data, lsn)

@@ -100,6 +100,16 @@ class Transactions(Holding):
 
     # --- the fast path: the fast_change callback ------------------------------------------------
 
+    def _plan_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
+        """The formatters of a live transaction's changes of a relation, kept in
+        ``state.fast``: ``_fast_writers``, or ``_raw_filtered_writers`` under a change filter
+        with raw verdicts."""
+        assert state.fast is not None
+        writers = state.fast[relid] = (
+            self._fast_writers(state, relid) if state.raw_filters is None
+            else self._raw_filtered_writers(state, relid))
+        return writers
+
     def _fast_writers(self, state: TxnState, relid: int) -> list[FastWriter] | None:
         """Each live member's fast_change formatter for a relation (see ``_formatters``), for
         the caches ``state.fast`` and ``state.filtered_fast``."""
