@@ -157,8 +157,11 @@ def measure(args: argparse.Namespace, workload: str, work_mem: str,
     bindir = Path(args.bindir) if args.bindir else embedded_bindir()
     recvlogical = bindir / "pg_recvlogical"
     workdir = Path(tempfile.mkdtemp(prefix="pgdecode-bench-stream"))
-    cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": work_mem})
     readers = [*(f"pgdecode {label}" for label, _ in configs), "floor", "recvlogical"]
+    # a slot per reader and run, all made before the workload (--matrix --runs 3: 21)
+    cluster = LocalCluster(bindir, settings={
+        "logical_decoding_work_mem": work_mem,
+        "max_replication_slots": str(max(20, len(readers) * args.runs + 2))})
     try:
         cluster.start()
         conninfo = cluster.conninfo()
