@@ -164,20 +164,24 @@ class ReorderBufferState:
             for i in range(0, len(datas), DELIVERY_RUN):
                 self._deliver_many(writers, datas[i:i + DELIVERY_RUN], lsn, xid, state)
             return
+        # Members whose formatter has no lines(): one change at a time, all together (a
+        # change the callback needs is decoded once for them, as feed does).
+        single = [w for w in writers if getattr(w[2], "lines", None) is None]
+        if single:
+            for data in datas:
+                self._deliver(single, data, lsn, xid, None, decoder=self.decoder, state=state)
         end = len(datas)
         for member, view, write in writers:
             lines = getattr(write, "lines", None)
             if lines is None:
-                for data in datas:
-                    self._deliver([(member, view, write)], data, lsn, xid, None,
-                                  decoder=self.decoder, state=state)
                 continue
+            declined: list[FastWriter] = [(member, view, None)]  # for the change callback
             i = 0
             while i < end:
                 i = member.call_fast_lines(lines, datas, i, lsn, xid, view)
-                if i < end:  # the formatter leaves this one to the change callback
-                    self._deliver([(member, view, None)], datas[i], lsn, xid, None,
-                                  decoder=self.decoder, state=state)
+                if i < end:
+                    self._deliver(declined, datas[i], lsn, xid, None, decoder=self.decoder,
+                                  state=state)
                     i += 1
 
     def _raw_verdict(self, rel: Relation | None) -> Callable[[bytes], int] | None:

@@ -259,26 +259,24 @@ class Pipeline(Streams, TwoPhase):
                 self.feed(data, lsn)
             return
         xid = state.base.xid
-        key = (0, relid, INSERT_TAG)
         run = datas
+        decided = len(datas)  # counted here; an unsure one where it is decoded
         if verdicts is not None:
             verdict, run = verdicts[relid], []
             for data in datas:
                 said = verdict(data)
                 if said == RAW_UNSURE:  # decoded and filtered, in its place (as feed does)
+                    decided -= 1
                     self._deliver_many(writers, run, lsn, xid, state)
                     run = []
                     message = self.decoder.decode(data)
                     self._handlers[type(message)](message, lsn, data)
-                    continue
-                if said == RAW_PASS:
+                elif said == RAW_PASS:
                     run.append(data)
-                self.changes += 1
-                state.counts[key] = state.counts.get(key, 0) + 1
-        else:
-            self.changes += len(datas)
-            state.counts[key] = state.counts.get(key, 0) + len(datas)
         self._deliver_many(writers, run, lsn, xid, state)
+        self.changes += decided
+        key = (0, relid, INSERT_TAG)
+        state.counts[key] = state.counts.get(key, 0) + decided
 
     def feed_all(self, items: Sequence[tuple[bytes, LSN]]) -> None:
         for data, lsn in items:
