@@ -29,6 +29,15 @@ from plugin_framework.protocol import (
 _BATCH = 512  # read_batch returns at most this many payloads
 
 
+def failed_result(result: pq.abc.PGresult | None) -> tuple[str, str | None] | None:
+    """The server's message and SQLSTATE of a failed libpq result; None if it did not fail."""
+    if result is None or result.status != pq.ExecStatus.FATAL_ERROR:
+        return None
+    message = (result.error_message or b"").decode(errors="replace").strip()
+    code = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return message, code.decode() if code else None
+
+
 class ReplicationError(Exception):
     """The replication stream ended; ``sqlstate`` is the server's error code, if it sent one."""
 
@@ -149,20 +158,19 @@ class ReplicationStream:
                 pgconn.consume_input()
         error = None
         while (result := pgconn.get_result()) is not None:
-            if result.status == pq.ExecStatus.FATAL_ERROR and error is None:
-                error = (result.error_message or b"").decode(errors="replace").strip()
-        if error:
-            raise ReplicationError(error)
+            if error is None:
+                error = failed_result(result)
+        if error is not None and error[0]:
+            raise ReplicationError(error[0])
 
     def _raise_copy_end(self) -> None:
         pgconn = self.conn.pgconn
         result = pgconn.get_result()
         while pgconn.get_result() is not None:
             pass
-        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
-            message = (result.error_message or b"").decode(errors="replace").strip()
-            code = result.error_field(pq.DiagnosticField.SQLSTATE)
-            raise ReplicationError(message, code.decode() if code else None)
+        failed = failed_result(result)
+        if failed is not None:
+            raise ReplicationError(*failed)
         raise ReplicationError("the server ended the replication stream")
 
     def close(self) -> None:

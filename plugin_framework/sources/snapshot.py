@@ -41,6 +41,7 @@ from plugin_framework.protocol import (
     encode,
 )
 from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.replication import failed_result
 
 try:
     from plugin_framework.sources import _copyrow
@@ -400,11 +401,11 @@ def _drain_results(pgconn: pq.abc.PGconn) -> None:
 def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Error:
     """The psycopg exception for a failed result (its SQLSTATE's class), or for libpq's
     error (a lost connection)."""
-    if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
-        message = (result.error_message or b"").decode(errors="replace").strip()
-        code = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+    failed = failed_result(result)
+    if failed is not None:
+        message, code = failed
         try:
-            return psycopg.errors.lookup(code)(message)
+            return psycopg.errors.lookup(code or "")(message)
         except KeyError:
             return psycopg.DatabaseError(message)
     message = pgconn.get_error_message().strip()
