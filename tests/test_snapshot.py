@@ -236,8 +236,14 @@ def copy_status(state: str | None, left: dict[str, Any] | None) -> tuple[bool, b
     """(under way, finished): the initial copy (``state``, "copying" or "done"), and the
     tables left of it (``left``, the recorded progress) that a run after an interruption
     copies incrementally."""
-    going_on = bool((left or {}).get("queue")) or "table" in (left or {})
+    going_on = copy_left(left)
     return state == "copying" or going_on, state == "done" and not going_on
+
+
+def copy_left(left: dict[str, Any] | None) -> bool:
+    """Whether recorded progress (``left``) holds tables still to copy: those queued, or
+    the one an incremental run was in (its "table"; the initial copy queues it too)."""
+    return bool((left or {}).get("queue")) or "table" in (left or {})
 
 
 def snapshot_state(out: Path) -> tuple[bool, bool]:
@@ -271,8 +277,7 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
             def reached() -> bool:
                 if snapshot_state(out)[1]:
                     return True
-                if attempt % 2 == 1 and \
-                        not (progress_of(out).get("incremental") or {}).get("queue"):
+                if attempt % 2 == 1 and not copy_left(progress_of(out).get("incremental")):
                     return False
                 return size(out) > threshold
 
