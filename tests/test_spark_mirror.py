@@ -1,10 +1,12 @@
 """The mirrors (``TableStateWriter``, ``DeltaTableWriter``, #16) against the server's tables,
 on each version: a seeded random workload of key-change chains (within a batch and across
 batches), updates that leave TOAST values unchanged, deletes and reinserts of a key,
-rolled-back savepoints, TRUNCATE, a REPLICA IDENTITY FULL table, then columns renamed, added,
-retyped and dropped, delivered in batches of 1, 7 and 10,000 changes (to Delta: of 7, each
-batch twice); after each, the state equals ``SELECT *`` value by value, and every row carries
-the commit LSN of the change that wrote it."""
+rolled-back savepoints, two-phase commits and rollbacks, large transactions the server
+streams (logical_decoding_work_mem is 64kB), TRUNCATE, a REPLICA IDENTITY FULL table, then
+columns renamed, added, retyped and dropped, delivered in batches of 1, 7 and 10,000 changes
+(to Delta: of 7, each batch twice) from a two-phase slot; after each, the state equals
+``SELECT *`` value by value, and every row carries the commit LSN of the change that wrote
+it."""
 
 from __future__ import annotations
 
@@ -51,44 +53,47 @@ def big(r: random.Random) -> str:
     return "".join(r.choice("abcdef0123456789") for _ in range(16)) * 400  # 6.4 kB, TOASTed
 
 
+class Made:
+    """What a workload did, so that a test can tell it took the paths it means to."""
+
+    def __init__(self) -> None:
+        self.prepared = self.rolled_back = self.large = 0
+
+
 def run_workload(conn: Any, seed: int, transactions: int,
-                 record: Callable[[], None] = lambda: None) -> None:
-    """Random small transactions, each of a few statements, on keys 1-30 of m_pk;
-    ``record()`` after each."""
+                 record: Callable[[], None] = lambda: None) -> Made:
+    """Random small transactions, each of a few statements, on keys 1-30 of m_pk; some
+    prepared, then committed or rolled back (COMMIT/ROLLBACK PREPARED straight after, as the
+    prepared transaction holds its rows' locks), some large, to be streamed; ``record()``
+    after each on an autocommit ``conn``."""
     r = random.Random(seed)
     ex = conn.execute
+    made = Made()
     ex("INSERT INTO m_pk SELECT g, g, %s, 'n' || g FROM generate_series(1, 20) g", (big(r),))
     ex("INSERT INTO m_full SELECT g, 'b' || g, %s FROM generate_series(1, 5) g", (big(r),))
-    for _ in range(transactions):
-        with conn.transaction():
-            for _ in range(r.randint(1, 4)):
-                k, choice = r.randint(1, 30), r.randrange(10)
-                if choice == 0:
-                    ex("INSERT INTO m_pk VALUES (%s, 0, %s, 'i') ON CONFLICT DO NOTHING",
-                       (k, big(r)))
-                elif choice == 1:  # TOAST unchanged
-                    ex("UPDATE m_pk SET v = v + 1, note = 'u' || v WHERE id = %s", (k,))
-                elif choice == 2:  # a key change, TOAST unchanged; chains come by chance
-                    ex("UPDATE m_pk SET id = id + 100 WHERE id = %s "
-                       "AND NOT EXISTS (SELECT FROM m_pk WHERE id = %s)", (k, k + 100))
-                elif choice == 3:
-                    ex("UPDATE m_pk SET id = id - 100, v = -v WHERE id = %s "
-                       "AND NOT EXISTS (SELECT FROM m_pk WHERE id = %s)", (k + 100, k))
-                elif choice == 4:  # delete and insert the key again
-                    ex("DELETE FROM m_pk WHERE id = %s", (k,))
-                    ex("INSERT INTO m_pk VALUES (%s, 7, %s, 'again')", (k, big(r)))
-                elif choice == 5:
-                    ex("DELETE FROM m_pk WHERE id = %s", (k,))
-                elif choice == 6:  # a savepoint rolled back
-                    ex("SAVEPOINT s")
-                    ex("UPDATE m_pk SET big = 'gone' WHERE id = %s", (k,))
-                    ex("ROLLBACK TO SAVEPOINT s")
-                elif choice == 7:  # FULL: TOAST unchanged, the old row has it
-                    ex("UPDATE m_full SET b = b || 'x' WHERE a = %s", (k % 6,))
-                elif choice == 8:
-                    ex("UPDATE m_pk SET big = %s WHERE id = %s", (big(r), k))
-                else:
-                    ex("INSERT INTO m_full VALUES (%s, 'n', %s)", (k % 6, big(r)))
+    for number in range(transactions):
+        prepared, large = r.random() < 0.15, r.random() < 0.08
+        ex("BEGIN")
+        if large:  # each row's TOAST value rewritten, twice over a rolled-back savepoint:
+            # some 400 kB of changes, more than logical_decoding_work_mem
+            made.large += 1
+            ex("UPDATE m_pk SET big = %s", (big(r),))
+            ex("SAVEPOINT l")
+            ex("UPDATE m_pk SET big = 'undone', v = -1")
+            ex("ROLLBACK TO SAVEPOINT l")
+            ex("UPDATE m_full SET big = %s WHERE a %% 2 = 0", (big(r),))
+        run_statements(ex, r)
+        if not prepared:
+            ex("COMMIT")
+        else:
+            gid = f"mirror_{seed}_{number}"
+            ex(f"PREPARE TRANSACTION '{gid}'")
+            if r.random() < 0.3:
+                ex(f"ROLLBACK PREPARED '{gid}'")
+                made.rolled_back += 1
+            else:
+                ex(f"COMMIT PREPARED '{gid}'")
+                made.prepared += 1
         if r.random() < 0.02:
             ex("TRUNCATE m_full")
         record()
@@ -104,6 +109,39 @@ def run_workload(conn: Any, seed: int, transactions: int,
             "UPDATE m_pk SET v = v + 1 WHERE id % 5 = 0",
             "INSERT INTO m_pk (id, v, big) VALUES (99, 1, 'x')"):
         ex(statement)
+    return made
+
+
+def run_statements(ex: Callable[..., Any], r: random.Random) -> None:
+    """One to four random statements of an open transaction."""
+    for _ in range(r.randint(1, 4)):
+        k, choice = r.randint(1, 30), r.randrange(10)
+        if choice == 0:
+            ex("INSERT INTO m_pk VALUES (%s, 0, %s, 'i') ON CONFLICT DO NOTHING",
+               (k, big(r)))
+        elif choice == 1:  # TOAST unchanged
+            ex("UPDATE m_pk SET v = v + 1, note = 'u' || v WHERE id = %s", (k,))
+        elif choice == 2:  # a key change, TOAST unchanged; chains come by chance
+            ex("UPDATE m_pk SET id = id + 100 WHERE id = %s "
+               "AND NOT EXISTS (SELECT FROM m_pk WHERE id = %s)", (k, k + 100))
+        elif choice == 3:
+            ex("UPDATE m_pk SET id = id - 100, v = -v WHERE id = %s "
+               "AND NOT EXISTS (SELECT FROM m_pk WHERE id = %s)", (k + 100, k))
+        elif choice == 4:  # delete and insert the key again
+            ex("DELETE FROM m_pk WHERE id = %s", (k,))
+            ex("INSERT INTO m_pk VALUES (%s, 7, %s, 'again')", (k, big(r)))
+        elif choice == 5:
+            ex("DELETE FROM m_pk WHERE id = %s", (k,))
+        elif choice == 6:  # a savepoint rolled back
+            ex("SAVEPOINT s")
+            ex("UPDATE m_pk SET big = 'gone' WHERE id = %s", (k,))
+            ex("ROLLBACK TO SAVEPOINT s")
+        elif choice == 7:  # FULL: TOAST unchanged, the old row has it
+            ex("UPDATE m_full SET b = b || 'x' WHERE a = %s", (k % 6,))
+        elif choice == 8:
+            ex("UPDATE m_pk SET big = %s WHERE id = %s", (big(r), k))
+        else:
+            ex("INSERT INTO m_full VALUES (%s, 'n', %s)", (k % 6, big(r)))
 
 
 def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> None:
@@ -125,6 +163,15 @@ def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> N
             if delta else [r[0] for r in read_state(spark, path, table)
                            .select("_commit_lsn").collect()]
         assert all(lsn is not None and lsn > 0 for lsn in lsns), f"{table}: no commit LSN"
+
+
+def assert_took_both_ways(db: Any, slot: str) -> None:
+    """The server streamed some of the workload's transactions to the slot (as in-progress
+    transactions), and decoded its prepared ones at PREPARE (a two-phase slot)."""
+    rows = db.execute("SELECT s.stream_txns, r.two_phase FROM pg_stat_replication_slots s "
+                      "JOIN pg_replication_slots r USING (slot_name) WHERE slot_name = %s",
+                      (slot,))
+    assert rows and rows[0][0] > 0 and rows[0][1], (slot, rows)
 
 
 def assert_history(db: Any, path: str, points: list[tuple[int, set[Any], set[Any]]]) -> None:
@@ -159,7 +206,8 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
         conn.execute(SCHEMA)
     sizes = (1, 7, 10_000)
     for size in sizes:
-        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"m{size}",))
+        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+                   (f"m{size}",))
     # the tables after each transaction, for the history's "as of" (m_pk's note is renamed
     # remark later: the history keeps the values under the new name)
     points: list[tuple[int, set[Any], set[Any]]] = []
@@ -169,8 +217,9 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
         points.append((int(lsn), table_rows(db, "public.m_pk"), table_rows(db, "public.m_full")))
 
     with db.connect(autocommit=True) as conn:
-        run_workload(conn, seed=16, transactions=60 if db.major_version < 18 else 70,
-                     record=record)
+        made = run_workload(conn, seed=16, transactions=60 if db.major_version < 18 else 70,
+                            record=record)
+    assert made.prepared and made.rolled_back and made.large, vars(made)
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     db.execute("SELECT pg_switch_wal()")
     old_keys: list[tuple[Any, Any]] = []  # (the old row's id, split_tables' _old_id)
@@ -201,6 +250,7 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
                            publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
                            max_rows=size, endpos=end).run()
         assert_mirrored(spark, db, state)
+        assert_took_both_ways(db, f"m{size}")
         if size == sizes[1]:
             assert_mirrored(spark, db, delta, delta=True)
             assert_history(db, history, points)

@@ -101,14 +101,19 @@ def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: 
 def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
         db: Any, tmp_path: Path) -> None:
     """test_spark_mirror's random workload (key-change chains, TOAST kept, TRUNCATE, a FULL
-    table, ALTER TABLEs) in batches of 25 changes, the pipeline killed with SIGKILL in three
-    batches chosen at random (between two tables of the Delta state), started again each
-    time: the Delta state equals the tables, and the history their states after each
-    transaction."""
+    table, two-phase commits and rollbacks, streamed transactions, ALTER TABLEs) in batches
+    of 25 changes, the pipeline killed with SIGKILL in three batches chosen at random
+    (between two tables of the Delta state), started again each time: the Delta state equals
+    the tables, and the history their states after each transaction."""
     import random
 
     from test_spark_mirror import SCHEMA as MIRROR_SCHEMA
-    from test_spark_mirror import assert_history, assert_mirrored, run_workload
+    from test_spark_mirror import (
+        assert_history,
+        assert_mirrored,
+        assert_took_both_ways,
+        run_workload,
+    )
     from test_spark_mirror import table_rows as rows_of
 
     with db.connect(autocommit=True) as conn:
@@ -123,7 +128,8 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
         points.append((int(lsn), rows_of(db, "public.m_pk"), rows_of(db, "public.m_full")))
 
     with db.connect(autocommit=True) as conn:
-        run_workload(conn, seed=9, transactions=60, record=record)
+        made = run_workload(conn, seed=9, transactions=60, record=record)
+    assert made.prepared and made.rolled_back and made.large, vars(made)
     endpos = end_lsn(db)
     extra = ["--publication", "mirror_pub", "--max-rows", "25"]
     kills = sorted(random.Random(db.major_version).sample(range(1, 6), 3))
@@ -140,6 +146,7 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
     assert proc.wait(60) == 0
     batches = [int(x) for x in (tmp_path / "batches").read_text().split()]
     assert all(k in batches for k in kills) and batches[-1] > kills[-1], (kills, batches)
+    assert_took_both_ways(db, slot)
     assert_mirrored(None, db, str(tmp_path / "delta"), delta=True)
     assert_history(db, str(tmp_path / "history"), points)
 
