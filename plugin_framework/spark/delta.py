@@ -36,10 +36,9 @@ from plugin_framework.spark.netchange import net_changes
 from plugin_framework.spark.schemas import Description, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
-    fill_from,
     key_names,
     merge_state,
-    net_frame,
+    net_arrow,
     state_path,
 )
 from plugin_framework.spark.tables import TableInfo, column
@@ -145,13 +144,12 @@ class DeltaTableWriter(DeltaSink):
                 existing = spark.createDataFrame(table.to_pyarrow_table())
             self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
             return
-        changes = net_frame(spark, net, info)
+        changes = net_arrow(spark, net, info)
         if net.fills:
-            changes = fill_from(changes, net.fills, info,
-                                rows_under(spark, table, changes, info))
+            changes = fill_arrow(changes, net.fills, info, table)
         names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
-        source = utc_table(changes.select(*[column(n) for n in names],
-                                     column("_deleted").alias(_DELETED)).toArrow())
+        source = utc_table(changes.select([*names, "_deleted"])
+                           .rename_columns([*names, _DELETED]))
         sets = {quote(n): f"s.{quote(n)}" for n in names}
         (table.merge(source, keys_match(info), source_alias="s", target_alias="t",
                      commit_properties=pending.commit)
@@ -186,23 +184,81 @@ def _stored_description(table: Any) -> Description | None:
 def rows_under(spark: Any, table: Any, changes: Any, info: TableInfo, *,
                current: bool = False) -> Any:
     """The target's rows under the keys that rows to fill (``_fill``) began their chain
-    with (``_o_<key>``), as a Spark DataFrame: read with a filter on the first key column
-    (the exact match is fill_from's join); ``current``: only rows ``_is_current``."""
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+    with (``_o_<key>``), as a Spark DataFrame (``target_rows``; the exact match is
+    fill_from's join); ``current``: only rows ``_is_current``."""
     from pyspark.sql import functions as F
 
     first = key_names(info)[0]
     origins = changes.filter(F.size("_fill") > 0).select(column(f"_o_{first}")).toArrow()
+    return spark.createDataFrame(target_rows(table, origins.column(0), info, current=current))
+
+
+def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo, *,
+                current: bool = False) -> pa.Table:
+    """The rows of Delta table ``table`` whose first key column is among ``origins``:
+    a superset of the rows under the keys fills take their values from."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    first = key_names(info)[0]
     dataset = table.to_pyarrow_dataset()
-    wanted = _utc_array(origins.column(0).combine_chunks())
+    if isinstance(origins, pa.ChunkedArray):
+        origins = origins.combine_chunks()
+    wanted = _utc_array(origins)
     values = pc.unique(wanted.drop_null()).cast(dataset.schema.field(first).type)
     where = ds.field(first).isin(values)
     if wanted.null_count:
         where = where | ds.field(first).is_null()
     if current:  # a history: the current versions
         where = where & ds.field("_is_current")
-    return spark.createDataFrame(dataset.to_table(filter=where))
+    return dataset.to_table(filter=where)
+
+
+def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table: Any) -> pa.Table:
+    """``fill_from`` in Arrow: ``net_arrow``'s rows with the columns each lists in ``_fill``
+    taken from Delta table ``table``'s row under its ``_o_<key>`` (NULL where there is
+    none, as fill_from's outer join gives)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = key_names(info)
+    wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
+    origins = changes.column(f"_o_{keys[0]}").take(wanting)
+    base = target_rows(table, origins, info)
+    where = {key: j for j, key in enumerate(_key_tuples(base, keys))}
+    origin_keys = _key_tuples(changes, [f"_o_{k}" for k in keys])
+    source: list[int | None] = [None] * changes.num_rows
+    for i in wanting:
+        source[i] = where.get(origin_keys[i])
+    fills = changes.column("_fill").to_pylist()
+    out = changes
+    for name in filled:
+        mask = pa.array([name in (fill or ()) for fill in fills])
+        taken = base.column(name).take(pa.array(source, pa.int64())).cast(
+            changes.schema.field(name).type)
+        position = out.schema.get_field_index(name)
+        out = out.set_column(position, name, pc.if_else(mask, taken, out.column(name)))
+    return out
+
+
+def _key_tuples(rows: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Each row's values of columns ``names``, comparable across the batch's types and the
+    target's (timestamps as UTC microseconds, dates as days; NULLs equal, as fill_from's
+    join takes them)."""
+    columns = [_comparable(rows.column(n)).to_pylist() for n in names]
+    return list(zip(*columns, strict=True)) if columns else [()] * rows.num_rows
+
+
+def _comparable(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow as pa
+
+    t = values.type
+    if pa.types.is_timestamp(t):
+        return values.cast(pa.timestamp(t.unit, "UTC") if t.tz else t).cast(pa.int64())
+    if pa.types.is_date32(t):
+        return values.cast(pa.int32())
+    return values
 
 
 def _utc_type(dtype: pa.DataType) -> pa.DataType:

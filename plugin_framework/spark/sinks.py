@@ -24,11 +24,13 @@ local file system when the session has no JVM gateway (Spark Connect).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changes import local_rows
 from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
 from plugin_framework.spark.schemas import Description, SchemaChangeError, describe_rows
@@ -38,6 +40,8 @@ __all__ = ["ChangeLogWriter", "TableSink", "TableStateWriter", "read_state", "st
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+log = logging.getLogger(__name__)
 
 _MARKER = "_pgdecode_batch"
 
@@ -294,6 +298,17 @@ def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
 
     return typed_puts(spark, net.table, info, F.col("deleted").alias("_deleted"),
                       F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+
+
+def net_arrow(spark: Any, net: NetChanges, info: TableInfo) -> pa.Table:
+    """``net_frame``'s rows as an Arrow table, typed in Python (arrowtyped.py, no Spark job)
+    unless a value is in a form only Spark's expressions are known to take as they do."""
+    try:
+        return typed_net(net.table, [(name, pg) for name, pg, _ in info.columns],
+                         key_names(info))
+    except Decline as exc:
+        log.debug("%s: typed by Spark (%s)", info.qualified_name, exc)
+        return net_frame(spark, net, info).toArrow()
 
 
 def typed_puts(spark: Any, table: pa.Table, info: TableInfo, *extra: Any) -> Any:
