@@ -29,7 +29,8 @@ COLUMNS = (("id", "integer"), ("s", "smallint"), ("b", "bigint"), ("o", "oid"),
            ("day", "date"), ("ts", "timestamp without time zone"),
            ("tz", "timestamp with time zone"), ("u", "uuid"), ("ia", "integer[]"),
            ("ta", "text[]"), ("da", "date[]"), ("za", "timestamp with time zone[]"),
-           ("xa", "bytea[]"), ("na", "numeric(5,2)[]"), ("ba", "boolean[]"))
+           ("xa", "bytea[]"), ("na", "numeric(5,2)[]"), ("ba", "boolean[]"),
+           ("ra", "real[]"), ("fa", "double precision[]"))
 
 
 def storage(array: pa.ChunkedArray | pa.Array) -> list[Any]:
@@ -148,7 +149,10 @@ def row(draw: Any) -> tuple[dict[str, str | None], str]:
         "da": draw(json_list(date_text())),
         "za": draw(json_list(time_text(True, sep="T"))),
         "xa": draw(json_list(st.binary(max_size=4).map(bytes.hex))),
-        "na": draw(json_list(st.integers(-99999, 99999).map(lambda i: i / 100))),
+        "na": draw(json_list(numeric_text(4, 2))),  # numerics: JSON strings
+        "ra": draw(json_list(st.floats(width=32, allow_nan=False, allow_infinity=False))),
+        "fa": draw(json_list(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                       st.integers(-10 ** 6, 10 ** 6)))),
         "ba": draw(json_list(st.booleans())),
     }
     if draw(st.booleans()):
@@ -177,13 +181,15 @@ def test_forms_the_server_does_not_write_are_declined(pg: str, text: str) -> Non
                   ["id"])
     with pytest.raises(Decline):  # an array element that is an object
         typed_net(net_of([{"id": "1"}], ['{"a": [{"k": 1}]}']), [("a", "text[]")], [])
+    with pytest.raises(Decline):  # a numeric as a JSON number: its digits are gone, parsed
+        typed_net(net_of([{"id": "1"}], ['{"a": [1.50]}']), [("a", "numeric(5,2)[]")], [])
 
 
 TYPED = """
 CREATE TABLE typed (id int PRIMARY KEY, s smallint, b bigint, o oid, r real, d double precision,
     n numeric(9,3), n0 numeric(38,0), nx numeric, t boolean, x bytea, day date, ts timestamp,
     tz timestamptz, u uuid, ia int[], ta text[], da date[], za timestamptz[], xa bytea[],
-    na numeric(5,2)[], ba boolean[]);
+    na numeric(5,2)[], ba boolean[], ra real[], fa double precision[]);
 CREATE PUBLICATION typed_pub FOR TABLE typed;
 """
 
@@ -210,7 +216,8 @@ INSERT INTO typed SELECT g, (g * 337 % 65536 - 32768)::smallint,
   ARRAY['a' || g, NULL, 'x,y"z'], ARRAY[date '0044-03-15 BC' + g * 4001, NULL],
   ARRAY[timestamptz '1850-01-01 00:00+00' + g * interval '7 days 1 min 1.25 s'],
   ARRAY[decode(md5(g::text), 'hex'), NULL], ARRAY[(g % 1000) / 7.0, NULL]::numeric(5,2)[],
-  ARRAY[g % 2 = 0, NULL]
+  ARRAY[g % 2 = 0, NULL], ARRAY[g / 3.0, 'NaN', '-Infinity', NULL]::real[],
+  ARRAY[g / 7.0, '1e-320', 'Infinity']::float8[]
 FROM generate_series(1, 400) g
 """
 

@@ -12,10 +12,11 @@ tests/test_spark_arrowtyped.py proves both equal on values a server writes, type
 from __future__ import annotations
 
 import decimal
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from plugin_framework.spark.tables import spark_type
 
@@ -225,30 +226,40 @@ def _column(texts: Sequence[str | None], dtype: Any, *, hex_prefix: bool) -> pa.
 
 
 def _json_fields(text: str | None) -> dict[str, Any]:
-    """A row's typed JSON, numbers kept as their text (Spark's from_json to strings keeps
-    them so)."""
+    """A row's typed JSON (``None``: no row)."""
     if text is None:
         return {}
-
-    def constant(name: str) -> Any:
-        raise Decline(f"JSON constant {name}")
-
     try:
-        parsed = json.loads(text, parse_float=str, parse_int=str, parse_constant=constant)
-    except ValueError:
-        raise Decline("a row's JSON does not parse") from None
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise Decline("a row's JSON does not parse (or has a number past 64 bits)") from None
     if not isinstance(parsed, dict):
         raise Decline("a row's JSON is not an object")
     return parsed
 
 
-def _element_text(element: Any) -> str | None:
-    """An array element's text as Spark's from_json to array<string> gives it."""
-    if element is None or isinstance(element, str):
-        return element
-    if element is True or element is False:
-        return "true" if element else "false"
-    raise Decline("an array element that is itself an array or an object")
+def _element_text(dtype: Any) -> Callable[[Any], str | None]:
+    """An array element (parsed JSON) as the text Spark's from_json to array<string> gives:
+    a string as it is, a number as its digits, a boolean as "true" or "false". Parsed, a
+    fractional number has lost its digits: taken only where the element type is a float
+    (whose value the digits of the parsed double give again)."""
+    from pyspark.sql import types as T
+
+    floats = isinstance(dtype, T.FloatType | T.DoubleType)
+
+    def text(element: Any) -> str | None:
+        if element is None or isinstance(element, str):
+            return element
+        if element is True or element is False:
+            return "true" if element else "false"
+        if isinstance(element, int):
+            return str(element)
+        if isinstance(element, float) and floats:
+            return repr(element)
+        raise Decline(f"an array element {type(element).__name__} of a {dtype.simpleString()}"
+                      " array")
+
+    return text
 
 
 def _array_column(values: Sequence[Any], dtype: Any) -> pa.Array:
@@ -257,11 +268,12 @@ def _array_column(values: Sequence[Any], dtype: Any) -> pa.Array:
     import pyarrow as pa
 
     lists: list[list[Any] | None] = []
+    element = _element_text(dtype.elementType)
     for value in values:
         if value is None or (isinstance(value, list) and value and isinstance(value[0], list)):
             lists.append(None)
         elif isinstance(value, list):
-            lists.append([_element_text(e) for e in value])
+            lists.append([element(e) for e in value])
         else:
             raise Decline("an array column whose JSON is not an array")
     flat = [e for items in lists if items is not None for e in items]
