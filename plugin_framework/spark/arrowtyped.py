@@ -204,6 +204,14 @@ def _scalar(dtype: Any, *, hex_prefix: bool) -> Callable[[str], Any] | None:
     raise Decline(f"Spark type {dtype.simpleString()}")
 
 
+def _strict_casts() -> tuple[type, ...]:
+    """The types whose Arrow cast from text is as strict as the conversions here."""
+    from pyspark.sql import types as T
+
+    return (T.ShortType, T.IntegerType, T.LongType, T.DecimalType, T.DateType,
+            T.TimestampType, T.TimestampNTZType)
+
+
 def _column(texts: Sequence[str | None], dtype: Any, *, hex_prefix: bool) -> pa.Array:
     """One column of values of Spark type ``dtype`` from their text, as an Arrow array."""
     import pyarrow as pa
@@ -215,6 +223,14 @@ def _column(texts: Sequence[str | None], dtype: Any, *, hex_prefix: bool) -> pa.
     convert = _scalar(dtype, hex_prefix=hex_prefix)
     if convert is None:
         return pa.array(texts, arrow)
+    if isinstance(dtype, _strict_casts()):
+        # Arrow's own cast takes the usual forms only (four-digit years, no BC, offsets
+        # without seconds, numerics that fit exactly), a column at a time; on anything
+        # else it fails and each value is converted below.
+        try:
+            return pa.array(texts, pa.string()).cast(arrow)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
     values = [None if t is None else convert(t) for t in texts]
     if isinstance(dtype, T.DateType | T.TimestampType | T.TimestampNTZType):
         storage = pa.int32() if isinstance(dtype, T.DateType) else pa.int64()
