@@ -18,7 +18,7 @@ from spark_fixtures import spark_session  # noqa: F401
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.netchange import NetChanges, put_schema
-from plugin_framework.spark.sinks import net_frame
+from plugin_framework.spark.sinks import merge_state, net_frame, state_rows
 from plugin_framework.spark.tables import TableInfo
 
 pytestmark = pytest.mark.slow
@@ -57,10 +57,23 @@ def storage(array: pa.ChunkedArray | pa.Array) -> list[Any]:
 
 
 def assert_same(spark: Any, net: pa.Table, info: TableInfo) -> None:
+    """typed_net equals net_frame, and state_rows merge_state of an empty target (the
+    column types and their metadata too)."""
     keys = list(info.key_columns)
     ours = typed_net(net, [(n, t) for n, t, _ in info.columns], keys)
-    theirs = net_frame(spark, NetChanges(net, truncated=False, fills=[]), info).toArrow()
-    assert ours.column_names == theirs.column_names
+    changes = NetChanges(net, truncated=False, fills=[])
+    theirs = net_frame(spark, changes, info).toArrow()
+    assert_equal_tables(ours, theirs, net)
+    assert_equal_tables(state_rows(ours, info),
+                        merge_state(spark, changes, info, None).toArrow(), net)
+
+
+def assert_equal_tables(ours: pa.Table, theirs: pa.Table, net: pa.Table) -> None:
+    def described(field: pa.Field) -> tuple[Any, ...]:
+        t = field.type
+        return (field.name, t.value_type if pa.types.is_list(t) else t, field.metadata)
+
+    assert [described(f) for f in ours.schema] == [described(f) for f in theirs.schema]
     for name in ours.column_names:
         mine, ref = storage(ours.column(name)), storage(theirs.column(name))
         bad = [(i, a, b) for i, (a, b) in enumerate(zip(mine, ref, strict=True)) if a != b]

@@ -40,6 +40,7 @@ from plugin_framework.spark.sinks import (
     merge_state,
     net_arrow,
     state_path,
+    state_rows,
 )
 from plugin_framework.spark.tables import TableInfo, column
 
@@ -111,10 +112,14 @@ class DeltaSink(TableSink):
                        stored is not None and stored != description)
 
     def overwrite(self, pending: Pending, df: Any) -> None:
-        """Replace the table's data and schema with ``df``, in one commit."""
+        """Replace the table's data and schema with Spark DataFrame ``df``, in one commit."""
+        self.overwrite_arrow(pending, df.toArrow())
+
+    def overwrite_arrow(self, pending: Pending, rows: pa.Table) -> None:
+        """Replace the table's data and schema with ``rows``, in one commit."""
         from deltalake import write_deltalake
 
-        write_deltalake(pending.target, utc_table(df.toArrow()), mode="overwrite",
+        write_deltalake(pending.target, utc_table(rows), mode="overwrite",
                         schema_mode="overwrite", commit_properties=pending.commit,
                         storage_options=self.storage_options)
 
@@ -138,10 +143,11 @@ class DeltaTableWriter(DeltaSink):
             return  # applied already
         net = net_changes(rows, key_names(info))
         table = pending.table
-        if table is None or net.truncated or pending.redescribed:
-            existing = None
-            if table is not None and not net.truncated:
-                existing = spark.createDataFrame(table.to_pyarrow_table())
+        if table is None or net.truncated:  # no rows before the batch's: its puts
+            self.overwrite_arrow(pending, state_rows(net_arrow(spark, net, info), info))
+            return
+        if pending.redescribed:
+            existing = spark.createDataFrame(table.to_pyarrow_table())
             self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
             return
         changes = net_arrow(spark, net, info)

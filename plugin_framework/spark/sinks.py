@@ -24,6 +24,7 @@ local file system when the session has no JVM gateway (Spark Connect).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MARKER = "_pgdecode_batch"
+_SPARK_METADATA = "SPARK::metadata::json"  # a field's metadata, as Spark's toArrow writes it
 
 
 # --- file systems ---------------------------------------------------------------------------
@@ -311,6 +313,22 @@ def net_arrow(spark: Any, net: NetChanges, info: TableInfo) -> pa.Table:
         return net_frame(spark, net, info).toArrow()
 
 
+def state_rows(changes: pa.Table, info: TableInfo) -> pa.Table:
+    """``merge_state`` of a table with no rows before the batch, in Arrow: ``net_arrow``'s
+    rows put, with each column's PostgreSQL type in its field metadata as Spark's toArrow
+    gives it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = [name for name, _, _ in info.columns]
+    types = {name: pg for name, pg, _ in info.columns}
+    kept = changes.filter(pc.invert(changes.column("_deleted")))
+    fields = [kept.schema.field(n).with_metadata(
+        {_SPARK_METADATA: json.dumps({"pg_type": types[n]})}) for n in names]
+    schema = pa.schema([*fields, kept.schema.field("_commit_lsn"), kept.schema.field("_lsn")])
+    return kept.select([*names, "_commit_lsn", "_lsn"]).cast(schema)
+
+
 def typed_puts(spark: Any, table: pa.Table, info: TableInfo, *extra: Any) -> Any:
     """Rows of netchange's ``put_columns`` (``table``) as a typed DataFrame: the table's
     columns, ``_fill`` and ``_o_<key>`` (for fill_from), then the ``extra`` columns."""
@@ -420,8 +438,35 @@ def batch_rows(df: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:
     table = local_rows(df)
     if table is None:
         table = df.select(*NET_COLUMNS).toArrow()
-    for row in table.select(list(NET_COLUMNS)).to_pylist():
+    names = [n for n in NET_COLUMNS if n != "columns"]
+    values = [table.column(n).to_pylist() for n in names]
+    keys = [*names, "columns"]
+    for row_values in zip(*values, descriptions(table.column("columns")), strict=True):
+        row = dict(zip(keys, row_values, strict=True))
         rows.setdefault((row["schema"], row["table"]), []).append(row)
     for changes in rows.values():
         changes.sort(key=lambda r: (r["commit_lsn"], r["seq"]))
     return rows
+
+
+def descriptions(columns: pa.ChunkedArray) -> list[Any]:
+    """The change rows' ``columns`` (to_pylist's form), converted once per distinct value:
+    a batch repeats each table's description on every row of it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = columns.combine_chunks() if isinstance(columns, pa.ChunkedArray) else columns
+    if len(columns) == 0:
+        return []
+    fields = pc.list_flatten(columns)
+    parts = [pc.cast(fields.field(i), pa.string()) for i in range(fields.type.num_fields)]
+    each = pc.binary_join_element_wise(*[pc.fill_null(p, "\x02") for p in parts], "\x00")
+    offsets = pc.subtract(columns.offsets, columns.offsets[0])
+    per_row = pc.binary_join(pa.ListArray.from_arrays(offsets, each, mask=columns.is_null()),
+                             "\x01")
+    indices = pc.dictionary_encode(pc.fill_null(per_row, "\x03")).indices.to_pylist()
+    firsts: dict[int, int] = {}
+    for row, index in enumerate(indices):
+        firsts.setdefault(index, row)
+    converted = dict(zip(firsts, columns.take(list(firsts.values())).to_pylist(), strict=True))
+    return [converted[i] for i in indices]
