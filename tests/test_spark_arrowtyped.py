@@ -253,8 +253,9 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
                                                      tmp_path: Any) -> None:
     """The spark emitter's batches of a table of every supported type (inserts, updates,
     key changes, deletes), in the walsender's time zone Europe/Amsterdam: each batch's net
-    changes typed both ways are equal."""
-    from plugin_framework.spark import ForeachBatchStream
+    changes, and its history versions and ends, typed both ways are equal."""
+    from plugin_framework.spark import ForeachBatchStream, HistoryWriter
+    from plugin_framework.spark.history import ends_arrow, history_changes, versions_arrow
     from plugin_framework.spark.netchange import net_changes
     from plugin_framework.spark.sinks import batch_rows, key_names
     from plugin_framework.spark.tables import rows_info
@@ -270,12 +271,19 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
         conn.execute("DELETE FROM typed WHERE id % 11 = 0")
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     texts: list[str] = []
+    writer = HistoryWriter(str(tmp_path / "history"))
 
     def check(df: Any, batch_id: int) -> None:
         for (schema, table), rows in batch_rows(df).items():
             info = rows_info(schema, table, rows)
             net = net_changes(rows, key_names(info))
             assert_same(spark, net.table, info)
+            history = history_changes(rows, key_names(info))  # HistoryWriter's typing
+            assert_equal_tables(versions_arrow(history, info),
+                                writer._versions(spark, history, info).toArrow(),
+                                history.versions)
+            assert_equal_tables(ends_arrow(history, info),
+                                writer._ends(spark, history, info).toArrow(), history.ends)
             texts.extend(dict(r).get("tz") or "" for r in net.table.column("row").to_pylist())
 
     ForeachBatchStream(spark, check, dsn=db.conninfo, slot="typed", publications=["typed_pub"],

@@ -23,7 +23,7 @@ from plugin_framework.spark.tables import spark_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net"]
+__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net", "typed_puts"]
 
 
 class Decline(Exception):
@@ -321,23 +321,31 @@ def typed_arrays(rows: Sequence[dict[str, str | None] | None], row_json: Sequenc
     return out
 
 
-def typed_net(table: pa.Table, columns: Sequence[tuple[str, str]],
-              keys: Sequence[str]) -> pa.Table:
-    """``sinks.net_frame`` without Spark: netchange's net changes (``table``) with the
-    table's columns (name, PostgreSQL type) typed, then ``_fill``, ``_o_<key>`` (the
-    ``keys``), ``_deleted``, ``_commit_lsn`` and ``_lsn``."""
+def typed_puts(table: pa.Table, columns: Sequence[tuple[str, str]],
+               keys: Sequence[str]) -> pa.Table:
+    """``sinks.typed_puts`` without Spark and without its extra columns: the rows of
+    netchange's ``put_columns`` (``table``) with the table's columns (name, PostgreSQL type)
+    typed, then ``_fill`` and ``_o_<key>`` (the ``keys``)."""
     import pyarrow as pa
 
     def maps(name: str) -> list[dict[str, str | None] | None]:
         return [None if m is None else dict(m) for m in table.column(name).to_pylist()]
 
     types = dict(columns)
-    names = [name for name, _ in columns]
     origin = [(k, types[k]) for k in keys]
     arrays = [*typed_arrays(maps("row"), table.column("row_json").to_pylist(), columns),
               table.column("fill").combine_chunks(),
-              *typed_arrays(maps("origin"), table.column("origin_json").to_pylist(), origin),
-              table.column("deleted").combine_chunks(), table.column("commit_lsn").combine_chunks(),
-              table.column("lsn").combine_chunks()]
-    return pa.table(arrays, names=[*names, "_fill", *[f"_o_{k}" for k, _ in origin], "_deleted",
-                                   "_commit_lsn", "_lsn"])
+              *typed_arrays(maps("origin"), table.column("origin_json").to_pylist(), origin)]
+    return pa.table(arrays, names=[*[name for name, _ in columns], "_fill",
+                                   *[f"_o_{k}" for k, _ in origin]])
+
+
+def typed_net(table: pa.Table, columns: Sequence[tuple[str, str]],
+              keys: Sequence[str]) -> pa.Table:
+    """``sinks.net_frame`` without Spark: ``typed_puts`` of netchange's net changes, then
+    ``_deleted``, ``_commit_lsn`` and ``_lsn``."""
+    out = typed_puts(table, columns, keys)
+    for name, source in (("_deleted", "deleted"), ("_commit_lsn", "commit_lsn"),
+                         ("_lsn", "lsn")):
+        out = out.append_column(name, table.column(source))
+    return out

@@ -221,17 +221,19 @@ def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo
     return dataset.to_table(filter=where)
 
 
-def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table: Any) -> pa.Table:
+def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table: Any, *,
+               current: bool = False) -> pa.Table:
     """``fill_from`` in Arrow: ``net_arrow``'s rows with the columns each lists in ``_fill``
     taken from Delta table ``table``'s row under its ``_o_<key>`` (NULL where there is
-    none, as fill_from's outer join gives)."""
+    none, as fill_from's outer join gives); ``current``: of its rows ``_is_current`` (a
+    history)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     keys = key_names(info)
     wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
     origins = changes.column(f"_o_{keys[0]}").take(wanting)
-    base = target_rows(table, origins, info)
+    base = target_rows(table, origins, info, current=current)
     where = {key: j for j, key in enumerate(_key_tuples(base, keys))}
     origin_keys = _key_tuples(changes, [f"_o_{k}" for k in keys])
     source: list[int | None] = [None] * changes.num_rows

@@ -26,17 +26,20 @@ read into Spark; renamed columns keep their values in every version).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from plugin_framework.spark import arrowtyped
+from plugin_framework.spark.arrowtyped import Decline
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
+    fill_arrow,
     keys_match,
     quote,
-    rows_under,
     utc_table,
 )
 from plugin_framework.spark.netchange import (
@@ -54,7 +57,10 @@ from plugin_framework.spark.tables import TableInfo, column, typed_values
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["HistoryChanges", "HistoryWriter", "history_changes"]
+__all__ = ["HistoryChanges", "HistoryWriter", "ends_arrow", "history_changes",
+           "versions_arrow"]
+
+log = logging.getLogger(__name__)
 
 At = tuple[int, datetime]  # a transaction's commit LSN and time
 
@@ -139,29 +145,35 @@ class HistoryWriter(DeltaSink):
 
     def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
-        from pyspark.sql import functions as F
+        import pyarrow as pa
 
         pending = self.pending(rows, info, batch_id)
         if pending is None:
             return  # applied already
         changes = history_changes(rows, key_names(info))
         table = pending.table
-        versions = self._versions(spark, changes, info)
-        if table is None:
-            self.overwrite(pending, versions.drop("_fill", *_origins(info)))
+        if table is not None and (changes.truncated_at is not None or pending.redescribed):
+            self._rewrite(spark, pending, changes, info, self._versions(spark, changes, info))
             return
-        if changes.truncated_at is not None or pending.redescribed:
-            self._rewrite(spark, pending, changes, info, versions)
+        try:
+            versions, ends = versions_arrow(changes, info), ends_arrow(changes, info)
+        except Decline as exc:
+            log.debug("%s: typed by Spark (%s)", info.qualified_name, exc)
+            versions = self._versions(spark, changes, info).toArrow()
+            ends = self._ends(spark, changes, info).toArrow()
+        if table is None:
+            self.overwrite_arrow(pending, versions.drop_columns(["_fill", *_origins(info)]))
             return
         if changes.fills:
-            versions = fill_from(versions, changes.fills, info,
-                                 rows_under(spark, table, versions, info, current=True))
-        ends = self._ends(spark, changes, info)
+            versions = fill_arrow(versions, changes.fills, info, table, current=True)
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
-        source = versions.drop("_fill", *_origins(info)).withColumn(_CLOSE, F.lit(False)) \
-            .unionByName(ends.withColumn(_CLOSE, F.lit(True)), allowMissingColumns=True)
+        versions = versions.drop_columns(["_fill", *_origins(info)])
+        source = pa.concat_tables(
+            [versions.append_column(_CLOSE, pa.repeat(False, versions.num_rows)),
+             ends.append_column(_CLOSE, pa.repeat(True, ends.num_rows))],
+            promote_options="default")
         ended = {quote(c): f"s.{quote(c)}" for c in ("_valid_to_lsn", "_valid_to")}
-        (table.merge(utc_table(source.toArrow()),
+        (table.merge(utc_table(source),
                      f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
                      source_alias="s", target_alias="t", commit_properties=pending.commit)
          .when_matched_update({**ended, "_is_current": "false"})
@@ -170,6 +182,7 @@ class HistoryWriter(DeltaSink):
          .execute())
 
     def _versions(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
+        # the reference of versions_arrow
         """The batch's versions, typed; ``_fill`` and ``_o_<key>`` for fill_from."""
         from pyspark.sql import functions as F
 
@@ -182,6 +195,7 @@ class HistoryWriter(DeltaSink):
             F.col("until_lsn").isNull().alias("_is_current"))
 
     def _ends(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
+        # the reference of ends_arrow
         """The keys whose current version in the target ends: key columns, ``_valid_to_lsn``
         and ``_valid_to``."""
         from pyspark.sql import functions as F
@@ -222,6 +236,37 @@ class HistoryWriter(DeltaSink):
         out = [column(c) for c in base.columns]
         self.overwrite(pending, ended.select(*out).unionByName(
             versions.drop("_fill", *_origins(info)).select(*out)))
+
+
+def versions_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
+    """``HistoryWriter._versions`` typed in Python (arrowtyped.py): raises Decline where
+    only Spark's expressions are known to type a value as they do."""
+    import pyarrow.compute as pc
+
+    v = changes.versions
+    out = arrowtyped.typed_puts(v, [(name, pg) for name, pg, _ in info.columns],
+                                key_names(info))
+    for name, values in (("_op", v.column("op")), ("_valid_from_lsn", v.column("since_lsn")),
+                         ("_valid_from", v.column("since")),
+                         ("_valid_to_lsn", v.column("until_lsn")),
+                         ("_valid_to", v.column("until")),
+                         ("_is_current", pc.is_null(v.column("until_lsn")))):
+        out = out.append_column(name, values)
+    return out
+
+
+def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
+    """``HistoryWriter._ends`` typed in Python (arrowtyped.py)."""
+    import pyarrow as pa
+
+    e = changes.ends
+    types = {name: pg for name, pg, _ in info.columns}
+    keys = key_names(info)
+    rows = [None if m is None else dict(m) for m in e.column("row").to_pylist()]
+    typed = arrowtyped.typed_arrays(rows, e.column("row_json").to_pylist(),
+                                    [(k, types[k]) for k in keys])
+    return pa.table([*typed, e.column("at_lsn"), e.column("at")],
+                    names=[*keys, "_valid_to_lsn", "_valid_to"])
 
 
 def _origins(info: TableInfo) -> list[str]:
