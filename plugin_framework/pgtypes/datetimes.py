@@ -20,6 +20,7 @@ __all__ = [
     "b_timestamptz_text",
     "b_timetz_text",
     "civil_date",
+    "civil_days",
     "epoch_days",
     "epoch_micros",
     "interval_parts",
@@ -129,7 +130,7 @@ def epoch_days(text: str) -> int | None:
     if m is None:
         return None
     year = int(m[1])
-    return _civil_days(1 - year if bc else year, int(m[2]), int(m[3]))
+    return civil_days(1 - year if bc else year, int(m[2]), int(m[3]))
 
 
 def time_micros(text: str) -> tuple[int, int | None] | None:
@@ -211,7 +212,7 @@ def civil_date(days: int) -> tuple[int, int, int]:
     return yoe + era * 400 + (m <= 2), m, d
 
 
-def _civil_days(year: int, month: int, day: int) -> int:
+def civil_days(year: int, month: int, day: int) -> int:
     """Days from 1970-01-01 of a proleptic Gregorian date, year 0 = 1 BC (civil_date's inverse)."""
     year -= month <= 2
     era = year // 400

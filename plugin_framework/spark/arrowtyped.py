@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from plugin_framework.pgtypes.datetimes import civil_days
 from plugin_framework.spark.tables import spark_type
 
 if TYPE_CHECKING:
@@ -65,17 +66,11 @@ def _arrow(dtype: Any) -> pa.DataType:
 # --- scalars: the server's text (or an array element's JSON text) to a Python value --------
 
 
-def _civil_days(year: int, month: int, day: int) -> int:
-    """Days from 1970-01-01 to an astronomical-year date of the proleptic Gregorian calendar
-    (Howard Hinnant's days_from_civil)."""
+def _days(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 of an astronomical-year date (proleptic Gregorian)."""
     if not (1 <= month <= 12 and 1 <= day <= 31):
         raise Decline(f"no such date: {year}-{month}-{day}")
-    year -= month <= 2
-    era = year // 400
-    yoe = year - era * 400
-    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    return era * 146097 + doe - 719468
+    return civil_days(year, month, day)
 
 
 def _year(text: str, digits: str) -> int:
@@ -89,7 +84,7 @@ def _date(text: str) -> int | None:
     match = _DATE.fullmatch(text.removesuffix(" BC"))
     if match is None:
         raise Decline(f"date {text!r}")
-    return _civil_days(_year(text, match[1]), int(match[2]), int(match[3]))
+    return _days(_year(text, match[1]), int(match[2]), int(match[3]))
 
 
 def _timestamp(with_zone: bool) -> Callable[[str], int | None]:
@@ -99,7 +94,7 @@ def _timestamp(with_zone: bool) -> Callable[[str], int | None]:
         match = _TIMESTAMP.fullmatch(text.removesuffix(" BC"))
         if match is None or (match[8] is not None) != with_zone:
             raise Decline(f"timestamp {text!r}")
-        days = _civil_days(_year(text, match[1]), int(match[2]), int(match[3]))
+        days = _days(_year(text, match[1]), int(match[2]), int(match[3]))
         seconds = days * 86400 + int(match[4]) * 3600 + int(match[5]) * 60 + int(match[6])
         if with_zone:
             offset = int(match[9]) * 3600 + int(match[10] or 0) * 60 + int(match[11] or 0)
