@@ -24,7 +24,7 @@ from plugin_framework.spark.tables import spark_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net", "typed_puts"]
+__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net", "typed_rows"]
 
 
 class Decline(Exception):
@@ -316,7 +316,7 @@ def typed_arrays(rows: Sequence[dict[str, str | None] | None], row_json: Sequenc
     return out
 
 
-def typed_puts(table: pa.Table, columns: Sequence[tuple[str, str]],
+def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
                keys: Sequence[str]) -> pa.Table:
     """``sinks.typed_puts`` without Spark and without its extra columns: the rows of
     netchange's ``put_columns`` (``table``) with the table's columns (name, PostgreSQL type)
@@ -337,9 +337,9 @@ def typed_puts(table: pa.Table, columns: Sequence[tuple[str, str]],
 
 def typed_net(table: pa.Table, columns: Sequence[tuple[str, str]],
               keys: Sequence[str]) -> pa.Table:
-    """``sinks.net_frame`` without Spark: ``typed_puts`` of netchange's net changes, then
+    """``sinks.net_frame`` without Spark: ``typed_rows`` of netchange's net changes, then
     ``_deleted``, ``_commit_lsn`` and ``_lsn``."""
-    out = typed_puts(table, columns, keys)
+    out = typed_rows(table, columns, keys)
     for name, source in (("_deleted", "deleted"), ("_commit_lsn", "commit_lsn"),
                          ("_lsn", "lsn")):
         out = out.append_column(name, table.column(source))

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark import arrowtyped
-from plugin_framework.spark.arrowtyped import Decline
+from plugin_framework.spark.arrowtyped import Decline, typed_arrays, typed_rows
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
@@ -244,7 +243,7 @@ def versions_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     import pyarrow.compute as pc
 
     v = changes.versions
-    out = arrowtyped.typed_puts(v, [(name, pg) for name, pg, _ in info.columns],
+    out = typed_rows(v, [(name, pg) for name, pg, _ in info.columns],
                                 key_names(info))
     for name, values in (("_op", v.column("op")), ("_valid_from_lsn", v.column("since_lsn")),
                          ("_valid_from", v.column("since")),
@@ -263,7 +262,7 @@ def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     types = {name: pg for name, pg, _ in info.columns}
     keys = key_names(info)
     rows = [None if m is None else dict(m) for m in e.column("row").to_pylist()]
-    typed = arrowtyped.typed_arrays(rows, e.column("row_json").to_pylist(),
+    typed = typed_arrays(rows, e.column("row_json").to_pylist(),
                                     [(k, types[k]) for k in keys])
     return pa.table([*typed, e.column("at_lsn"), e.column("at")],
                     names=[*keys, "_valid_to_lsn", "_valid_to"])
