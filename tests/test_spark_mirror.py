@@ -168,9 +168,16 @@ def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> N
 def assert_took_both_ways(db: Any, slot: str) -> None:
     """The server streamed some of the workload's transactions to the slot (as in-progress
     transactions), and decoded its prepared ones at PREPARE (a two-phase slot)."""
-    rows = db.execute("SELECT s.stream_txns, r.two_phase FROM pg_stat_replication_slots s "
-                      "JOIN pg_replication_slots r USING (slot_name) WHERE slot_name = %s",
-                      (slot,))
+    import time
+
+    deadline = time.monotonic() + 30  # the walsender reports its counts as it goes
+    while True:
+        rows = db.execute("SELECT s.stream_txns, r.two_phase FROM pg_stat_replication_slots s "
+                          "JOIN pg_replication_slots r USING (slot_name) WHERE slot_name = %s",
+                          (slot,))
+        if (rows and rows[0][0] > 0 and rows[0][1]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert rows and rows[0][0] > 0 and rows[0][1], (slot, rows)
 
 
