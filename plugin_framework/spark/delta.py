@@ -14,6 +14,10 @@ as ``TableStateWriter``'s):
   values, added ones are NULL in older rows, dropped ones go, retyped ones are cast or
   refused), an overwrite of data and schema, which reads the whole table into Spark.
 
+The batch's rows are typed in the driver, in Python (arrowtyped.py, proven equal to
+``split_tables``' Spark expressions), and merged from Arrow: no Spark job, but for a table
+whose values arrowtyped declines (typed by Spark) and for an ALTER TABLE.
+
 Each commit records the batch id as the table's application transaction version (Delta's
 ``txn`` action, app id ``pgdecode`` unless told otherwise): a table whose version is the batch
 id or later has the batch already, so a batch delivered again after a crash applies only to
