@@ -292,3 +292,58 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
     # the hard forms came through: offsets with seconds, BC, infinity
     assert any(t.count(":") == 4 for t in texts), texts[:5]
     assert any(t.endswith(" BC") for t in texts) and "-infinity" in texts
+
+
+def test_sinks_type_by_spark_what_arrowtyped_declines(db: Any, spark: Any, tmp_path: Any,
+                                                       caplog: Any) -> None:
+    """A jsonb[] column (its elements are JSON objects, which arrowtyped declines): the Delta
+    and history sinks type that table's batches with Spark's expressions, fill unchanged
+    TOAST values, and still equal the table."""
+    import json
+    import logging
+
+    from spark_fixtures import delta_rows
+
+    from plugin_framework.spark import DeltaTableWriter, ForeachBatchStream, HistoryWriter
+
+    with db.connect(autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE j (id int PRIMARY KEY, docs jsonb[], n int, big text);
+            ALTER TABLE j ALTER COLUMN big SET STORAGE EXTERNAL;
+            CREATE PUBLICATION j_pub FOR TABLE j;""")
+    db.execute("SELECT pg_create_logical_replication_slot('j', 'pgoutput')")
+    with db.connect(autocommit=True) as conn:
+        conn.execute("""INSERT INTO j SELECT g, ARRAY[jsonb_build_object('g', g, 'l', ARRAY[g]),
+                                                     NULL, '"s"'::jsonb],
+                                              g, repeat(md5(g::text), 200)
+                        FROM generate_series(1, 120) g""")
+        for step in range(3):  # TOAST unchanged, key changes, deletes: in later batches
+            conn.execute("UPDATE j SET n = n + 1 WHERE id %% 3 = %s", (step,))
+            conn.execute("UPDATE j SET id = id + 1000 WHERE id %% 7 = %s", (step,))
+            conn.execute("DELETE FROM j WHERE id %% 11 = %s", (step,))
+    end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    delta, history = str(tmp_path / "delta"), str(tmp_path / "history")
+    sinks = [DeltaTableWriter(delta), HistoryWriter(history)]
+
+    def fn(df: Any, batch_id: int) -> None:
+        for sink in sinks:
+            sink(df, batch_id)
+
+    with caplog.at_level(logging.DEBUG, logger="plugin_framework.spark"):
+        ForeachBatchStream(spark, fn, dsn=db.conninfo, slot="j", publications=["j_pub"],
+                           checkpoint=str(tmp_path / "ck"), max_rows=40, endpos=end).run()
+    declined = [r for r in caplog.records if "typed by Spark" in r.getMessage()]
+    assert {r.name for r in declined} == {"plugin_framework.spark.sinks",
+                                          "plugin_framework.spark.history"}, declined[:2]
+
+    def element(text: str | None) -> Any:
+        # Spark's from_json to array<string>: an object's JSON text, a string unquoted
+        return json.loads(text) if text is not None and text.startswith("{") else text
+
+    expected = {r[0]: r for r in db.execute("SELECT id, docs, n, big FROM j")}
+    for path, current in ((delta, False), (history, True)):
+        rows = delta_rows(path, "public.j", ["id", "docs", "n", "big"], history=current)
+        got = {r[0]: (r[0], None if r[1] is None else [element(e) for e in r[1]], r[2], r[3])
+               for r in rows}
+        assert len(rows) == len(got) == len(expected) > 50
+        assert got == {k: (v[0], list(v[1]), v[2], v[3]) for k, v in expected.items()}, path

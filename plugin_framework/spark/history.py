@@ -167,9 +167,11 @@ class HistoryWriter(DeltaSink):
             versions = fill_arrow(versions, changes.fills, info, table, current=True)
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
         versions = versions.drop_columns(["_fill", *_origins(info)])
+        # every field nullable: the ends have no values of the versions' columns (Spark's
+        # toArrow, the fallback's, declares some columns NOT NULL)
         source = pa.concat_tables(
-            [versions.append_column(_CLOSE, pa.repeat(False, versions.num_rows)),
-             ends.append_column(_CLOSE, pa.repeat(True, ends.num_rows))],
+            [_nullable(t).append_column(_CLOSE, pa.repeat(close, t.num_rows))
+             for t, close in ((versions, False), (ends, True))],
             promote_options="default")
         ended = {quote(c): f"s.{quote(c)}" for c in ("_valid_to_lsn", "_valid_to")}
         (table.merge(utc_table(source),
@@ -266,6 +268,12 @@ def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
                                     [(k, types[k]) for k in keys])
     return pa.table([*typed, e.column("at_lsn"), e.column("at")],
                     names=[*keys, "_valid_to_lsn", "_valid_to"])
+
+
+def _nullable(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
+    return table.cast(pa.schema([f.with_nullable(True) for f in table.schema]))
 
 
 def _origins(info: TableInfo) -> list[str]:
