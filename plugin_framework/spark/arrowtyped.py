@@ -24,7 +24,7 @@ from plugin_framework.spark.tables import spark_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net", "typed_rows"]
+__all__ = ["Decline", "arrow_type", "text_maps", "typed_arrays", "typed_net", "typed_rows"]
 
 
 class Decline(Exception):
@@ -316,6 +316,11 @@ def typed_arrays(rows: Sequence[dict[str, str | None] | None], row_json: Sequenc
     return out
 
 
+def text_maps(column: pa.ChunkedArray) -> list[dict[str, str | None] | None]:
+    """A map<string,string> column of the server's text as dicts (None: no row)."""
+    return [None if m is None else dict(m) for m in column.to_pylist()]
+
+
 def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
                keys: Sequence[str]) -> pa.Table:
     """``sinks.typed_puts`` without Spark and without its extra columns: the rows of
@@ -323,14 +328,13 @@ def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
     typed, then ``_fill`` and ``_o_<key>`` (the ``keys``)."""
     import pyarrow as pa
 
-    def maps(name: str) -> list[dict[str, str | None] | None]:
-        return [None if m is None else dict(m) for m in table.column(name).to_pylist()]
-
     types = dict(columns)
     origin = [(k, types[k]) for k in keys]
-    arrays = [*typed_arrays(maps("row"), table.column("row_json").to_pylist(), columns),
+    arrays = [*typed_arrays(text_maps(table.column("row")), table.column("row_json").to_pylist(),
+                            columns),
               table.column("fill").combine_chunks(),
-              *typed_arrays(maps("origin"), table.column("origin_json").to_pylist(), origin)]
+              *typed_arrays(text_maps(table.column("origin")),
+                            table.column("origin_json").to_pylist(), origin)]
     return pa.table(arrays, names=[*[name for name, _ in columns], "_fill",
                                    *[f"_o_{k}" for k, _ in origin]])
 

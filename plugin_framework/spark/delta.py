@@ -46,13 +46,13 @@ from plugin_framework.spark.sinks import (
     state_path,
     state_rows,
 )
-from plugin_framework.spark.tables import TableInfo, column
+from plugin_framework.spark.tables import TableInfo
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "keys_match", "quote",
-           "read_delta", "rows_under", "utc_table"]
+           "read_delta", "utc_table"]
 
 APP_ID = "pgdecode"
 _DESCRIPTION = "pgdecode.description"
@@ -191,18 +191,6 @@ def _stored_description(table: Any) -> Description | None:
     return None
 
 
-def rows_under(spark: Any, table: Any, changes: Any, info: TableInfo, *,
-               current: bool = False) -> Any:
-    """The target's rows under the keys that rows to fill (``_fill``) began their chain
-    with (``_o_<key>``), as a Spark DataFrame (``target_rows``; the exact match is
-    fill_from's join); ``current``: only rows ``_is_current``."""
-    from pyspark.sql import functions as F
-
-    first = key_names(info)[0]
-    origins = changes.filter(F.size("_fill") > 0).select(column(f"_o_{first}")).toArrow()
-    return spark.createDataFrame(target_rows(table, origins.column(0), info, current=current))
-
-
 def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo, *,
                 current: bool = False) -> pa.Table:
     """The rows of Delta table ``table`` whose first key column is among ``origins``:
@@ -235,7 +223,8 @@ def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table:
     import pyarrow.compute as pc
 
     keys = key_names(info)
-    wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
+    fills = changes.column("_fill").to_pylist()
+    wanting = [i for i, fill in enumerate(fills) if fill]
     origins = changes.column(f"_o_{keys[0]}").take(wanting)
     base = target_rows(table, origins, info, current=current)
     where = {key: j for j, key in enumerate(_key_tuples(base, keys))}
@@ -243,7 +232,6 @@ def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table:
     source: list[int | None] = [None] * changes.num_rows
     for i in wanting:
         source[i] = where.get(origin_keys[i])
-    fills = changes.column("_fill").to_pylist()
     out = changes
     for name in filled:
         mask = pa.array([name in (fill or ()) for fill in fills])

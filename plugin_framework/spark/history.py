@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.arrowtyped import Decline, typed_arrays, typed_rows
+from plugin_framework.spark.arrowtyped import Decline, text_maps, typed_arrays, typed_rows
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
@@ -183,8 +183,8 @@ class HistoryWriter(DeltaSink):
          .execute())
 
     def _versions(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
-        # the reference of versions_arrow
-        """The batch's versions, typed; ``_fill`` and ``_o_<key>`` for fill_from."""
+        """The batch's versions, typed; ``_fill`` and ``_o_<key>`` for fill_from (the
+        reference of versions_arrow)."""
         from pyspark.sql import functions as F
 
         return typed_puts(
@@ -196,9 +196,8 @@ class HistoryWriter(DeltaSink):
             F.col("until_lsn").isNull().alias("_is_current"))
 
     def _ends(self, spark: Any, changes: HistoryChanges, info: TableInfo) -> Any:
-        # the reference of ends_arrow
         """The keys whose current version in the target ends: key columns, ``_valid_to_lsn``
-        and ``_valid_to``."""
+        and ``_valid_to`` (the reference of ends_arrow)."""
         from pyspark.sql import functions as F
 
         types = {name: pg for name, pg, _ in info.columns}
@@ -245,8 +244,7 @@ def versions_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     import pyarrow.compute as pc
 
     v = changes.versions
-    out = typed_rows(v, [(name, pg) for name, pg, _ in info.columns],
-                                key_names(info))
+    out = typed_rows(v, [(name, pg) for name, pg, _ in info.columns], key_names(info))
     for name, values in (("_op", v.column("op")), ("_valid_from_lsn", v.column("since_lsn")),
                          ("_valid_from", v.column("since")),
                          ("_valid_to_lsn", v.column("until_lsn")),
@@ -263,9 +261,8 @@ def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     e = changes.ends
     types = {name: pg for name, pg, _ in info.columns}
     keys = key_names(info)
-    rows = [None if m is None else dict(m) for m in e.column("row").to_pylist()]
-    typed = typed_arrays(rows, e.column("row_json").to_pylist(),
-                                    [(k, types[k]) for k in keys])
+    typed = typed_arrays(text_maps(e.column("row")), e.column("row_json").to_pylist(),
+                         [(k, types[k]) for k in keys])
     return pa.table([*typed, e.column("at_lsn"), e.column("at")],
                     names=[*keys, "_valid_to_lsn", "_valid_to"])
 
