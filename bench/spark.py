@@ -4,7 +4,7 @@ captured stream, in the same run.
 
     python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
-                                        [--mirror]
+                                        [--mirror] [--into N,...]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
 inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
@@ -19,8 +19,14 @@ message, from the first message to the end of shutdown (everything delivered):
 - spark parquet (with --parquet): ``fn`` = ChangeLogWriter, the change log appended to
   Parquet;
 - mirror parquet / delta / history (with --mirror): ``fn`` = TableStateWriter (each batch
-  rewrites the table's state), DeltaTableWriter (each batch merged into a Delta table),
-  HistoryWriter (each batch's versions merged into a Delta history), from an empty target.
+  rewrites the files holding its keys), DeltaTableWriter (each batch merged into a Delta
+  table), HistoryWriter (each batch's versions merged into a Delta history), from an empty
+  target;
+- mirror parquet into N (with --into N,...): the same TableStateWriter run, into the state of
+  a table that had N rows before the workload (ids -1 to -N, inserted in transactions of
+  100,000 before the workload and mirrored through the spark emitter, untimed), with the
+  sink's seconds per batch: #16 asks 20,000 changes/s into 1,000,000 rows and at most 1.5
+  times the seconds per batch into 10 times as many.
 
 Spark runs as ``local[2]``; one warm-up batch goes first. It prints numbers and never judges
 them: no thresholds, exit status 0.
@@ -45,7 +51,13 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import PUBLICATION, SCHEMA, choose_bindir, run_workload  # bench/ is not a package
+from workload import (  # bench/ is not a package
+    INSERT_ROWS,
+    PUBLICATION,
+    SCHEMA,
+    choose_bindir,
+    run_workload,
+)
 
 from plugin_framework import LSN, FileOutput, Pipeline
 
@@ -57,8 +69,16 @@ Frame = tuple[LSN, bytes]
 # --- capture ---------------------------------------------------------------------------------
 
 
-def capture(bindir: Path, changes: int) -> tuple[list[Frame], int]:
-    """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16)."""
+SEED_TX = 100_000  # rows per transaction of the seed (--into)
+
+Seeder = Callable[[list[Frame], int], None]  # takes the seed's frames, one transaction at a time
+
+
+def capture(bindir: Path, changes: int, *, seed: int = 0,
+            seeder: Seeder | None = None) -> tuple[list[Frame], int]:
+    """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16); with
+    ``seed``, the table gets rows -1 to -seed first, whose messages go to ``seeder``, a
+    transaction at a time, as they are decoded."""
     from plugin_framework.cluster import LocalCluster
 
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
@@ -69,15 +89,25 @@ def capture(bindir: Path, changes: int) -> tuple[list[Frame], int]:
             proto = 4 if version >= 160000 else 3
             conn.execute(SCHEMA)
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [SLOT])
-            print(f"server {version} ({bindir}); running {changes:,} changes ...", flush=True)
+            get = ("SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes(%s, NULL, "
+                   "%s, 'proto_version', %s, 'publication_names', %s)")
             conn.execute("SET synchronous_commit = on")
+            if seed:
+                print(f"server {version} ({bindir}); seeding {seed:,} rows ...", flush=True)
+                started = time.perf_counter()
+                for start in range(0, seed, SEED_TX):
+                    conn.execute(INSERT_ROWS, {"first": -min(seed, start + SEED_TX),
+                                               "last": -(start + 1)})
+                    # one transaction (each call decodes afresh: its Relation message comes too)
+                    rows = conn.execute(get, [SLOT, 1, str(proto), PUBLICATION]).fetchall()
+                    assert seeder is not None
+                    seeder([(LSN(lsn), bytes(data)) for lsn, data in rows], proto)
+                print(f"  seeded in {time.perf_counter() - started:.1f} s", flush=True)
+            print(f"server {version} ({bindir}); running {changes:,} changes ...", flush=True)
             started = time.perf_counter()
             run_workload(conn, changes)
             print(f"  workload {time.perf_counter() - started:.1f} s", flush=True)
-            rows = conn.execute(
-                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
-                "'proto_version', %s, 'publication_names', %s)",
-                [SLOT, str(proto), PUBLICATION]).fetchall()
+            rows = conn.execute(get, [SLOT, None, str(proto), PUBLICATION]).fetchall()
         return [(LSN(lsn), bytes(data)) for lsn, data in rows], proto
     finally:
         cluster.cleanup()
@@ -131,16 +161,78 @@ def run_json(frames: Sequence[Frame], proto: int, work: Path) -> float:
 
 
 def run_spark(frames: Sequence[Frame], proto: int, work: Path, spark: Any, batch_rows: int,
-              fn: Callable[[Any, int], Any]) -> tuple[float, int]:
+              fn: Callable[[Any, int], Any], checkpoint: Path | None = None) -> tuple[float, int]:
+    """``checkpoint``: go on from this one (default: a new one)."""
     from plugin_framework.spark import ForeachBatchPlugin
 
-    checkpoint = work / "checkpoint"
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    if checkpoint is None:
+        checkpoint = work / "checkpoint"
+        shutil.rmtree(checkpoint, ignore_errors=True)
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(checkpoint),
                                 max_rows=batch_rows, max_bytes=1 << 40, max_delay=1e9)
     pipeline = Pipeline()
     pipeline.add(plugin, output=plugin.make_output())
     return feed(pipeline, frames, proto), plugin.batches
+
+
+class Seeds:
+    """The TableStateWriter mirrors of the seed, one per --into size: each takes the seed's
+    transactions until it has its rows (its own checkpoint, batches of a transaction)."""
+
+    def __init__(self, work: Path, spark: Any, sizes: Sequence[int]) -> None:
+        from plugin_framework.spark import ForeachBatchPlugin, TableStateWriter
+
+        self.work, self.rows = work, 0
+        self.pipelines: dict[int, Pipeline] = {}
+        for size in sizes:
+            plugin = ForeachBatchPlugin(TableStateWriter(str(self.state(size))), spark=spark,
+                                        checkpoint=str(self.checkpoint(size)),
+                                        max_rows=SEED_TX, max_bytes=1 << 40, max_delay=1e9)
+            pipeline = Pipeline()
+            pipeline.add(plugin, output=plugin.make_output())
+            self.pipelines[size] = pipeline
+
+    def state(self, size: int) -> Path:
+        return self.work / f"seeded{size}" / "state"
+
+    def checkpoint(self, size: int) -> Path:
+        return self.work / f"seeded{size}" / "checkpoint"
+
+    def __call__(self, frames: list[Frame], proto: int) -> None:
+        for size, pipeline in self.pipelines.items():
+            if self.rows == 0:
+                pipeline.set_proto_version(proto)
+                pipeline.startup()
+            if self.rows < size:
+                for lsn, data in frames:
+                    pipeline.feed(data, lsn)
+        self.rows += SEED_TX
+
+    def close(self) -> None:
+        for pipeline in self.pipelines.values():
+            pipeline.shutdown()
+
+
+def run_into(frames: Sequence[Frame], proto: int, work: Path, spark: Any, batch_rows: int,
+             seeds: Seeds, size: int) -> tuple[float, int, float]:
+    """The workload into a copy of the seeded state of ``size`` rows: (seconds, batches,
+    the sink's seconds per batch)."""
+    from plugin_framework.spark import TableStateWriter
+
+    run = work / "into"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(seeds.state(size).parent, run)
+    writer = TableStateWriter(str(run / "state"))
+    spent: list[float] = []
+
+    def fn(df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        writer(df, batch_id)
+        spent.append(time.perf_counter() - started)
+
+    seconds, batches = run_spark(frames, proto, work, spark, batch_rows, fn,
+                                 checkpoint=run / "checkpoint")
+    return seconds, batches, sum(spent) / max(1, len(spent))
 
 
 def session() -> Any:
@@ -170,27 +262,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mirror", action="store_true",
                         help="also time the mirrors: TableStateWriter, DeltaTableWriter, "
                              "HistoryWriter")
+    parser.add_argument("--into", default="",
+                        help="also time TableStateWriter into tables of these many rows "
+                             "before the workload (e.g. 1000000,10000000)")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_rows.split(",") if x.strip()]
+    into = [int(x) for x in args.into.split(",") if x.strip()]
+    if into and args.load:
+        parser.error("--into seeds the tables as it captures: not with --load")
 
     print(f"Python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
           f"{os.cpu_count()} CPUs")
-    if args.load:
-        frames, proto = load_frames(args.load)
-        print(f"loaded {args.load}")
-    else:
-        frames, proto = capture(choose_bindir(args.bindir), args.changes)
-        if args.out:
-            save_frames(args.out, frames, proto)
-    kinds = Counter(chr(data[0]) for _, data in frames)
-    changes = kinds["I"] + kinds["U"] + kinds["D"]
-    print(f"messages: {len(frames):,} (protocol {proto}), changes: {changes:,}")
-
     work = Path(tempfile.mkdtemp(prefix="pgdecode-bench-spark"))
     try:
         started = time.perf_counter()
         spark = session()
         print(f"spark {spark.version} session in {time.perf_counter() - started:.1f} s")
+        seeds = Seeds(work, spark, into) if into else None
+        if args.load:
+            frames, proto = load_frames(args.load)
+            print(f"loaded {args.load}")
+        else:
+            frames, proto = capture(choose_bindir(args.bindir), args.changes,
+                                    seed=max(into, default=0), seeder=seeds)
+            if seeds is not None:
+                seeds.close()
+            if args.out:
+                save_frames(args.out, frames, proto)
+        kinds = Counter(chr(data[0]) for _, data in frames)
+        changes = kinds["I"] + kinds["U"] + kinds["D"]
+        print(f"messages: {len(frames):,} (protocol {proto}), changes: {changes:,}")
         from plugin_framework.spark import ChangeLogWriter
 
         warm = frames[:min(len(frames), 3000)]
@@ -235,6 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         return run_spark(frames, proto, work, spark, s,
                                          sink(str(work / "mirror")))
                     best(f"mirror {name:<7} {size:>7,}", mirror)
+            for rows in into:
+                per_batch: list[float] = []
+
+                def seeded(s: int = size, rows: int = rows,
+                           per_batch: list[float] = per_batch) -> tuple[float, int]:
+                    assert seeds is not None
+                    seconds, batches, sink = run_into(frames, proto, work, spark, s, seeds, rows)
+                    per_batch.append(sink)
+                    return seconds, batches
+                best(f"into {rows:>10,} {size:>7,}", seeded)
+                print(f"    the sink: {min(per_batch):.3f} s per batch (best run)", flush=True)
         json_seconds = results[0][1]
         print()
         print(f"{'path':<24} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")

@@ -35,6 +35,7 @@ from plugin_framework.spark import (
     read_state,
     split_tables,
 )
+from plugin_framework.spark.statefiles import StateFiles
 
 pytestmark = pytest.mark.slow
 
@@ -242,7 +243,8 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
     delta, history = str(tmp_path / "delta"), str(tmp_path / "history")
     for size in sizes:
         state = str(tmp_path / f"state{size}")
-        writer = TableStateWriter(state)
+        # small files for the small batches: rows move between files, files split and empty
+        writer = TableStateWriter(state, **({"file_rows": 5 + size} if size < 100 else {}))
 
         def fn(df: Any, batch_id: int, writer: Any = writer, size: int = size) -> None:
             writer(df, batch_id)
@@ -257,6 +259,10 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
                            publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
                            max_rows=size, endpos=end).run()
         assert_mirrored(spark, db, state)
+        if size < 100:
+            files = StateFiles.at(state, "public.m_pk").recover()
+            assert files is not None and len(files.files) > 1, files
+            assert max(files.files.values()) <= 5 + size, files
         assert_took_both_ways(db, f"m{size}")
         if size == sizes[1]:
             assert_mirrored(spark, db, delta, delta=True)

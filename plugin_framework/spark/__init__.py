@@ -31,7 +31,8 @@ from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter
-from plugin_framework.spark.sinks import ChangeLogWriter, TableStateWriter, read_state, state_path
+from plugin_framework.spark.sinks import ChangeLogWriter, state_path
+from plugin_framework.spark.statefiles import TableStateWriter, read_state
 from plugin_framework.spark.stream import ForeachBatchStream
 from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
 

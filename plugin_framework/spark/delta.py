@@ -40,6 +40,7 @@ from plugin_framework.spark.netchange import net_changes
 from plugin_framework.spark.schemas import Description, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
+    fill_rows,
     key_names,
     merge_state,
     net_arrow,
@@ -215,50 +216,11 @@ def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo
 
 def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table: Any, *,
                current: bool = False) -> pa.Table:
-    """``fill_from`` in Arrow: ``net_arrow``'s rows with the columns each lists in ``_fill``
-    taken from Delta table ``table``'s row under its ``_o_<key>`` (NULL where there is
-    none, as fill_from's outer join gives); ``current``: of its rows ``_is_current`` (a
-    history)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    keys = key_names(info)
-    fills = changes.column("_fill").to_pylist()
-    wanting = [i for i, fill in enumerate(fills) if fill]
-    origins = changes.column(f"_o_{keys[0]}").take(wanting)
-    base = target_rows(table, origins, info, current=current)
-    where = {key: j for j, key in enumerate(_key_tuples(base, keys))}
-    origin_keys = _key_tuples(changes, [f"_o_{k}" for k in keys])
-    source: list[int | None] = [None] * changes.num_rows
-    for i in wanting:
-        source[i] = where.get(origin_keys[i])
-    out = changes
-    for name in filled:
-        mask = pa.array([name in (fill or ()) for fill in fills])
-        taken = base.column(name).take(pa.array(source, pa.int64())).cast(
-            changes.schema.field(name).type)
-        position = out.schema.get_field_index(name)
-        out = out.set_column(position, name, pc.if_else(mask, taken, out.column(name)))
-    return out
-
-
-def _key_tuples(rows: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
-    """Each row's values of columns ``names``, comparable across the batch's types and the
-    target's (timestamps as UTC microseconds, dates as days; NULLs equal, as fill_from's
-    join takes them)."""
-    columns = [_comparable(rows.column(n)).to_pylist() for n in names]
-    return list(zip(*columns, strict=True)) if columns else [()] * rows.num_rows
-
-
-def _comparable(values: pa.ChunkedArray) -> pa.ChunkedArray:
-    import pyarrow as pa
-
-    t = values.type
-    if pa.types.is_timestamp(t):
-        return values.cast(pa.timestamp(t.unit, "UTC") if t.tz else t).cast(pa.int64())
-    if pa.types.is_date32(t):
-        return values.cast(pa.int32())
-    return values
+    """``fill_rows`` from Delta table ``table``: the rows under the keys fills take their
+    values from (``current``: of its rows ``_is_current``, a history)."""
+    wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
+    origins = changes.column(f"_o_{key_names(info)[0]}").take(wanting)
+    return fill_rows(changes, filled, info, target_rows(table, origins, info, current=current))
 
 
 def _utc_type(dtype: pa.DataType) -> pa.DataType:

@@ -6,16 +6,12 @@
   ``batch_id`` column. A batch is written to a staging directory, then its files are moved
   into the partitions under names carrying the batch id (replacing those of an interrupted
   earlier attempt), then the batch is recorded in ``_pgdecode/commits``.
-- ``TableStateWriter(path)``: keeps the current state of each table at
-  ``path/<schema>/<table>``, in the column types of ``split_tables``: each batch's net
-  changes (netchange.py: key chains followed, unchanged TOAST values carried over, deletes
-  and TRUNCATE applied) replace or remove the rows of the keys they touch; the other rows
-  stay as they were, with the ``_commit_lsn`` and ``_lsn`` of the change that wrote them.
-  Columns renamed, added or dropped follow the table (schemas.py). Each batch writes a new
-  version of the tables it touches beside the current one and swaps it in; the batch id
-  recorded in the version (``_pgdecode_batch-N``) makes a replayed batch a no-op. Tables
-  without a key use all columns as the key (duplicate rows collapse). The rewrite reads the
-  whole table state: for large tables, use ``DeltaTableWriter`` (delta.py), which merges.
+- ``TableStateWriter(path)`` (statefiles.py): the current state of each table in Parquet.
+
+The helpers the state sinks share (statefiles.py, delta.py, history.py): the batch's rows by
+table (``batch_rows``), their net changes typed (``net_arrow``, ``net_frame``), unchanged
+TOAST values filled in (``fill_rows`` in Arrow, ``fill_from`` in Spark), a state merged in
+Spark (``merge_state``, for ALTER TABLE).
 
 Paths go through Hadoop's FileSystem of the session (any scheme Spark can write), or the
 local file system when the session has no JVM gateway (Spark Connect).
@@ -33,18 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changes import local_rows
-from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, net_changes
-from plugin_framework.spark.schemas import Description, SchemaChangeError, describe_rows
+from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges
+from plugin_framework.spark.schemas import SchemaChangeError
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
-__all__ = ["ChangeLogWriter", "TableSink", "TableStateWriter", "read_state", "state_path"]
+__all__ = ["ChangeLogWriter", "TableSink", "state_path"]
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
-_MARKER = "_pgdecode_batch"
 _SPARK_METADATA = "SPARK::metadata::json"  # a field's metadata, as Spark's toArrow writes it
 
 
@@ -191,38 +186,9 @@ class ChangeLogWriter:
 
 
 def state_path(path: str, table: str) -> str:
-    """Where ``TableStateWriter(path)`` keeps ``schema.table``."""
+    """Where the state sinks under ``path`` keep ``schema.table``."""
     schema, _, name = table.partition(".")
     return "/".join([path.rstrip("/"), schema, name])
-
-
-def read_state(spark: Any, path: str, table: str) -> Any:
-    """The current state of ``schema.table`` as a DataFrame (a plain Parquet read)."""
-    fs = _fs(spark, path)
-    target = state_path(path, table)
-    _recover(fs, target)
-    return spark.read.parquet(target)
-
-
-def _recover(fs: _LocalFS | _HadoopFS, target: str) -> None:
-    """Finish a swap that a crash interrupted: the new version is complete (it has its
-    marker), the current one was moved away."""
-    parent, name = target.rsplit("/", 1)
-    if fs.exists(target):
-        return
-    versions = sorted(c for c in fs.children(parent) if c.startswith(f".{name}.new-"))
-    for candidate in reversed(versions):
-        path = f"{parent}/{candidate}"
-        if _batch_of(fs, path) is not None:
-            fs.rename(path, target)
-            return
-
-
-def _batch_of(fs: _LocalFS | _HadoopFS, target: str) -> int | None:
-    """The batch recorded in a state version: the name of its ``_pgdecode_batch-N`` file."""
-    found = [int(name.rsplit("-", 1)[1]) for name in fs.children(target)
-             if name.startswith(_MARKER + "-") and name.rsplit("-", 1)[1].isdigit()]
-    return max(found) if found else None
 
 
 class TableSink:
@@ -251,45 +217,6 @@ class TableSink:
     def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         raise NotImplementedError
-
-
-class TableStateWriter(TableSink):
-    """``fn(batch_df, batch_id)`` maintaining each table's current state in Parquet at
-    ``path``."""
-
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
-        fs = _fs(spark, self.path)
-        target = state_path(self.path, info.qualified_name)
-        _recover(fs, target)
-        done = _batch_of(fs, target) if fs.exists(target) else None
-        if done is not None and done >= batch_id:
-            return  # applied already
-        existing = spark.read.parquet(target) if done is not None else None
-        # columns renamed, added or dropped within the batch or since the state was written
-        _, renamed = describe_rows(info.qualified_name, rows,
-                                   None if existing is None else stored_description(existing))
-        net = net_changes(rows, info.key_columns or [name for name, _, _ in info.columns])
-        state = merge_state(spark, net, info, existing, renamed)
-        parent, name = target.rsplit("/", 1)
-        new = f"{parent}/.{name}.new-{batch_id}"
-        old = f"{parent}/.{name}.old-{batch_id}"
-        fs.delete(new)
-        state.write.mode("overwrite").parquet(new)
-        fs.touch(f"{new}/{_MARKER}-{batch_id}")
-        if fs.exists(target):
-            fs.delete(old)
-            fs.rename(target, old)
-        fs.rename(new, target)
-        fs.delete(old)
-
-
-def stored_description(state: Any) -> Description | None:
-    """The description a state was written with (None: written before it was kept)."""
-    fields = [f for f in state.schema.fields if not f.name.startswith("_")]
-    if not all("pg_type" in f.metadata for f in fields):
-        return None
-    return tuple((f.name, str(f.metadata["pg_type"])) for f in fields)
 
 
 def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
@@ -372,6 +299,63 @@ def fill_from(changes: Any, filled: Sequence[str], info: TableInfo, base: Any) -
         out = out.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
                              .otherwise(column(c)))
     return out.select(*[column(c) for c in changes.columns])
+
+
+def fill_rows(changes: pa.Table, filled: Sequence[str], info: TableInfo,
+              base: pa.Table) -> pa.Table:
+    """``fill_from`` in Arrow: ``net_arrow``'s rows with the columns each lists in ``_fill``
+    taken from ``base``'s row (the target's, in the batch's types) under its ``_o_<key>``
+    (NULL where there is none, as fill_from's outer join gives)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = key_names(info)
+    fills = changes.column("_fill").to_pylist()
+    where = {key: j for j, key in enumerate(key_tuples(base, keys))}
+    origin_keys = key_tuples(changes, [f"_o_{k}" for k in keys])
+    source: list[int | None] = [where.get(origin_keys[i]) if fill else None
+                                for i, fill in enumerate(fills)]
+    out = changes
+    for name in filled:
+        mask = pa.array([name in (fill or ()) for fill in fills])
+        taken = base.column(name).take(pa.array(source, pa.int64())).cast(
+            changes.schema.field(name).type)
+        position = out.schema.get_field_index(name)
+        out = out.set_column(position, name, pc.if_else(mask, taken, out.column(name)))
+    return out
+
+
+def key_tuples(rows: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Each row's values of columns ``names``, comparable across the batch's types and a
+    target's (timestamps as UTC microseconds, dates as days, lists as tuples; NULLs equal,
+    as fill_from's join takes them)."""
+    import pyarrow as pa
+
+    columns = []
+    for name in names:
+        values = _comparable(rows.column(name)).to_pylist()
+        columns.append([_hashable(v) for v in values]
+                       if pa.types.is_nested(rows.schema.field(name).type) else values)
+    return list(zip(*columns, strict=True)) if columns else [()] * rows.num_rows
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def _comparable(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow as pa
+
+    t = values.type
+    if pa.types.is_timestamp(t):
+        return values.cast(pa.timestamp(t.unit, "UTC") if t.tz else t).cast(pa.int64())
+    if pa.types.is_date32(t):
+        return values.cast(pa.int32())
+    return values
 
 
 def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None,

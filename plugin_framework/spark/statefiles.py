@@ -1,0 +1,451 @@
+"""``TableStateWriter(path)``: each table's current state as plain Parquet files at
+``path/<schema>/<table>`` (``state_path``), in the column types of ``split_tables``, then
+``_commit_lsn`` and ``_lsn`` of the change that wrote each row. Spark, DuckDB, polars and
+pyarrow read it as a directory of Parquet files; Spark sees each column's PostgreSQL type in
+its field metadata (``pg_type``).
+
+Each batch applies its net changes (netchange.py: key chains followed, unchanged TOAST values
+carried over, deletes and TRUNCATE applied) by rewriting only the files that hold the keys it
+touches, so that its cost grows with the batch and the files it touches, not with the table:
+
+- a file holds at most ``file_rows`` rows, sorted by the key (the replica identity; every
+  column for tables without one), and the table's manifest keeps each file's lowest and
+  highest first key column (for integer and text keys);
+- the files that may hold a touched key (by those bounds; otherwise every file) are checked
+  by reading their key column; those that do are read, and their rows with touched keys are
+  replaced or removed. Unchanged TOAST values come from these rows too;
+- rows of keys the table did not have go to the file with the highest keys while it is not
+  full (a workload that inserts ascending keys fills one file after the other);
+- the rows of the files read, and those put, are sorted by key and written as new files of
+  at most ``file_rows`` rows; the files read are dropped.
+
+Updates spread evenly over a large table touch every file: then a batch rewrites the table.
+``DeltaTableWriter`` (delta.py) has the same limit (copy-on-write files); a batch of a
+workload with locality (new keys ascending, updates to recent rows) rewrites one or two files.
+
+A batch of a table commits in three steps: its new files are written under
+``_pgdecode/pending-N`` (N: the batch id; Spark and DuckDB skip directories starting with
+``_``); then the manifest ``_pgdecode/state-N.json`` (the files of the state, the batch id,
+the PostgreSQL description of the columns) is written under a temporary name and renamed:
+the commit; then the new files are moved into place and the dropped ones deleted. A crash
+before the rename leaves the previous state (the batch is applied again when delivered
+again); after it, the next writer or ``read_state`` finishes the moves. A table whose
+manifest has batch N or later has the batch already: a batch delivered again applies only
+to the tables it had not reached. A reader that lists the directory while a batch moves its
+files may see a touched key twice or not at all; ``read_state`` reads the manifest's files.
+
+A description changed by ALTER TABLE (schemas.py: renamed columns keep their values, added
+ones are NULL in older rows, dropped ones go, retyped ones are cast or refused) rewrites
+every file, through Spark. The rows are typed in the driver (arrowtyped.py, as
+DeltaTableWriter's), else by Spark for a table whose values arrowtyped declines.
+
+Paths: local paths and the URIs pyarrow's file systems take (``s3://``, ``gs://``,
+``hdfs://``, ``abfs://``), or ``filesystem=`` (a ``pyarrow.fs.FileSystem``) and a path on it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from plugin_framework.spark.netchange import net_changes
+from plugin_framework.spark.schemas import Description, describe_rows
+from plugin_framework.spark.sinks import (
+    TableSink,
+    fill_rows,
+    key_names,
+    key_tuples,
+    merge_state,
+    net_arrow,
+    state_path,
+    state_rows,
+)
+from plugin_framework.spark.tables import TableInfo, spark_type
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+__all__ = ["FILE_ROWS", "Manifest", "StateFiles", "TableStateWriter", "read_state"]
+
+FILE_ROWS = 100_000
+_META = "_pgdecode"
+_OLD_MARKER = "_pgdecode_batch-"  # the batch of a state written before the manifest
+_SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"  # Spark's own schema
+_MANIFEST = re.compile(r"state-(\d+)\.json")
+_PENDING = re.compile(r"pending-(\d+)")
+
+
+@dataclass
+class Manifest:
+    """A table's state: its files (name -> rows, in the order written), the batch that
+    wrote it, the PostgreSQL description of its columns (None: not known), and, for integer
+    and text keys, each file's bounds of the first key column (``[low, high, has_nulls]``;
+    absent: unknown)."""
+
+    batch: int
+    files: dict[str, int]
+    description: Description | None
+    bounds: dict[str, list[Any]] = field(default_factory=dict)
+
+    def dumps(self) -> bytes:
+        return json.dumps({"batch": self.batch, "files": self.files,
+                           "description": self.description, "bounds": self.bounds},
+                          ensure_ascii=False).encode()
+
+    @classmethod
+    def loads(cls, data: bytes) -> Manifest:
+        raw = json.loads(data)
+        description = raw["description"]
+        return cls(int(raw["batch"]), {str(k): int(v) for k, v in raw["files"].items()},
+                   None if description is None else tuple((str(n), str(t))
+                                                          for n, t in description),
+                   dict(raw.get("bounds") or {}))
+
+
+class StateFiles:
+    """One table's state directory: its manifest, the commit of a batch's files, and the
+    completion of a commit a crash interrupted."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.meta = f"{self.root}/{_META}"
+
+    @classmethod
+    def at(cls, path: str, table: str, filesystem: pafs.FileSystem | None = None) -> StateFiles:
+        """The state of ``schema.table`` under ``path`` (a local path or a URI)."""
+        import pyarrow.fs as pafs
+
+        target = state_path(path, table)
+        if filesystem is not None:
+            return cls(filesystem, target)
+        if "://" not in target:
+            return cls(pafs.LocalFileSystem(), os.path.abspath(target))
+        fs, root = pafs.FileSystem.from_uri(target)
+        return cls(fs, root)
+
+    def file(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def _entries(self, directory: str) -> list[Any]:
+        import pyarrow.fs as pafs
+
+        return list(self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)))
+
+    def _exists(self, path: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+    def recover(self) -> Manifest | None:
+        """The table's manifest (None: no state yet), after finishing the commit a crash
+        interrupted and dropping the files of one that did not reach its manifest."""
+        found: dict[int, str] = {}
+        pending: dict[int, str] = {}
+        for entry in self._entries(self.meta):
+            if m := _MANIFEST.fullmatch(entry.base_name):
+                found[int(m.group(1))] = entry.path
+            elif m := _PENDING.fullmatch(entry.base_name):
+                pending[int(m.group(1))] = entry.path
+        if not found:
+            for path in pending.values():
+                self.fs.delete_dir(path)
+            return self._adopt()
+        latest = max(found)
+        with self.fs.open_input_stream(found[latest]) as f:
+            manifest = Manifest.loads(f.read())
+        for batch, path in pending.items():
+            if batch != latest:
+                self.fs.delete_dir(path)  # a batch that did not commit
+        if latest in pending or len(found) > 1:
+            self._finish(manifest)
+        return manifest
+
+    def commit(self, manifest: Manifest, new: dict[str, pa.Table]) -> None:
+        """Make ``manifest`` the table's state; ``new``: its files not written yet."""
+        import pyarrow.parquet as pq
+
+        pending = f"{self.meta}/pending-{manifest.batch}"
+        if self._exists(pending):
+            self.fs.delete_dir(pending)
+        self.fs.create_dir(pending)
+        for name, rows in new.items():
+            pq.write_table(rows, f"{pending}/{name}", filesystem=self.fs)
+        self._sync(pending)
+        temporary = f"{self.meta}/.state-{manifest.batch}.json"
+        with self.fs.open_output_stream(temporary) as f:
+            f.write(manifest.dumps())
+        self._sync(temporary)
+        self.fs.move(temporary, f"{self.meta}/state-{manifest.batch}.json")  # the commit
+        self._sync(self.meta)
+        self._finish(manifest)
+
+    def _finish(self, manifest: Manifest) -> None:
+        """Move the manifest's new files into place, then delete what it does not list."""
+        pending = f"{self.meta}/pending-{manifest.batch}"
+        if self._exists(pending):
+            for entry in self._entries(pending):
+                if entry.base_name in manifest.files:
+                    self.fs.move(entry.path, self.file(entry.base_name))
+        for entry in self._entries(self.root):
+            name = entry.base_name
+            if entry.is_file and name not in manifest.files and (
+                    name.startswith(_OLD_MARKER) or not name.startswith(("_", "."))):
+                self.fs.delete_file(entry.path)
+        for entry in self._entries(self.meta):
+            m = _MANIFEST.fullmatch(entry.base_name)
+            if m and int(m.group(1)) < manifest.batch:
+                self.fs.delete_file(entry.path)
+        if self._exists(pending):
+            self.fs.delete_dir(pending)
+
+    def _adopt(self) -> Manifest | None:
+        """The manifest of a state written before manifests were kept (a directory of
+        Spark's Parquet files and a ``_pgdecode_batch-N`` file), written now."""
+        import pyarrow.parquet as pq
+
+        entries = self._entries(self.root)
+        batches = [int(e.base_name.removeprefix(_OLD_MARKER)) for e in entries
+                   if e.base_name.startswith(_OLD_MARKER)
+                   and e.base_name.removeprefix(_OLD_MARKER).isdigit()]
+        if not batches:
+            return None
+        files = {e.base_name: pq.ParquetFile(e.path, filesystem=self.fs).metadata.num_rows
+                 for e in entries if e.is_file and e.base_name.endswith(".parquet")
+                 and not e.base_name.startswith(("_", "."))}
+        description = None
+        if files:
+            schema = pq.read_schema(self.file(next(iter(files))), filesystem=self.fs)
+            description = _spark_description(schema)
+        manifest = Manifest(max(batches), files, description)
+        self.fs.create_dir(self.meta)
+        self.commit(manifest, {})
+        return manifest
+
+    def read(self, names: Sequence[str], schema: pa.Schema | None = None) -> pa.Table:
+        """The rows of files ``names``, in ``schema`` if given."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(self.file(n), filesystem=self.fs) for n in names]
+        if schema is not None:
+            tables = [t.select(schema.names).cast(schema) for t in tables]
+        return pa.concat_tables(tables) if tables else schema.empty_table()  # type: ignore[union-attr]
+
+    def holding(self, manifest: Manifest, key: str, wanted: pa.Array) -> list[str]:
+        """The files holding a row whose column ``key`` (the first key column) has a value
+        among ``wanted`` (its bounds first, then the column)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        nested = pa.types.is_nested(wanted.type)
+        values = sorted(pc.unique(wanted.drop_null()).to_pylist()) if not nested else []
+        nulls = wanted.null_count > 0
+        out = []
+        for name in manifest.files:
+            bound = manifest.bounds.get(name)
+            if bound is not None and not nested:
+                low, high, has_nulls = bound  # low and high None: no key but NULLs
+                at = len(values) if low is None else bisect.bisect_left(values, low)
+                if not (nulls and has_nulls) and not (at < len(values) and values[at] <= high):
+                    continue
+            if nested:
+                out.append(name)
+                continue
+            column = pq.read_table(self.file(name), columns=[key], filesystem=self.fs)
+            if pc.any(pc.is_in(column.column(key), value_set=wanted, skip_nulls=False)).as_py():
+                out.append(name)
+        return out
+
+    def _sync(self, path: str) -> None:
+        """Flush a local file (or a directory's entries, or every file below it) to disk:
+        the commit must survive the machine, not only the process."""
+        import pyarrow.fs as pafs
+
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            return
+        paths = [path]
+        if os.path.isdir(path):
+            paths += [os.path.join(path, n) for n in os.listdir(path)]
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _spark_description(schema: pa.Schema) -> Description | None:
+    """The description in the Spark schema of a Parquet file Spark wrote (None: absent)."""
+    raw = (schema.metadata or {}).get(_SPARK_ROW_METADATA)
+    if raw is None:
+        return None
+    fields = [f for f in json.loads(raw)["fields"] if not f["name"].startswith("_")]
+    if not all("pg_type" in (f.get("metadata") or {}) for f in fields):
+        return None
+    return tuple((f["name"], str(f["metadata"]["pg_type"])) for f in fields)
+
+
+def spark_schema_json(info: TableInfo) -> str:
+    """The Spark schema of the state's files (with each column's ``pg_type``), as Spark
+    keeps it in the files it writes, so that Spark reads the files as its own."""
+    from pyspark.sql import types as T
+
+    fields = [T.StructField(name, spark_type(pg), True, {"pg_type": pg})
+              for name, pg, _ in info.columns]
+    meta = [T.StructField(n, T.LongType(), True) for n in ("_commit_lsn", "_lsn")]
+    return str(T.StructType([*fields, *meta]).json())
+
+
+class TableStateWriter(TableSink):
+    """``fn(batch_df, batch_id)`` maintaining each table's current state in Parquet at
+    ``path`` (see the module's text)."""
+
+    def __init__(self, path: str, tables: Sequence[str] | None = None,
+                 on_table: Callable[[str, int], None] | None = None, *,
+                 file_rows: int = FILE_ROWS, filesystem: pafs.FileSystem | None = None) -> None:
+        """``file_rows``: the most rows a file holds; ``filesystem``: a
+        ``pyarrow.fs.FileSystem`` that ``path`` is on (default: by the path's scheme)."""
+        if file_rows < 1:
+            raise ValueError(f"file_rows must be at least 1, not {file_rows}")
+        super().__init__(path, tables, on_table)
+        self.file_rows = file_rows
+        self.filesystem = filesystem
+
+    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+              batch_id: int) -> None:
+        files = StateFiles.at(self.path, info.qualified_name, self.filesystem)
+        manifest = files.recover()
+        if manifest is not None and manifest.batch >= batch_id:
+            return  # applied already
+        stored = None if manifest is None else manifest.description
+        description, renamed = describe_rows(info.qualified_name, rows, stored)
+        net = net_changes(rows, key_names(info))
+        if manifest is None or net.truncated:  # no rows before the batch's: its puts
+            state = state_rows(net_arrow(spark, net, info), info)
+            self._write(files, info, Manifest(batch_id, {}, description), state)
+            return
+        if stored != description:  # ALTER TABLE: every row under the new description
+            existing = spark.createDataFrame(files.read(list(manifest.files)))
+            state = merge_state(spark, net, info, existing, renamed).toArrow()
+            self._write(files, info, Manifest(batch_id, {}, description), state)
+            return
+        changes = net_arrow(spark, net, info)
+        keys = key_names(info)
+        first = changes.column(keys[0])
+        if net.fills:  # the keys the unchanged TOAST values are under
+            first = _concat(first, changes.column(f"_o_{keys[0]}"))
+        read = files.holding(manifest, keys[0], first.combine_chunks())
+        tail = _tail(manifest)
+        if tail is not None and tail not in read and manifest.files[tail] < self.file_rows:
+            read.append(tail)  # where rows of new keys go
+        puts = state_rows(changes, info)
+        base = files.read(read, puts.schema)
+        if net.fills:
+            changes = fill_rows(changes, net.fills, info, base)
+            puts = state_rows(changes, info)
+        state = _concat_tables(base.filter(_untouched(base, changes, keys)), puts)
+        kept = Manifest(batch_id, {n: r for n, r in manifest.files.items() if n not in read},
+                        description, {n: b for n, b in manifest.bounds.items() if n not in read})
+        self._write(files, info, kept, state)
+
+    def _write(self, files: StateFiles, info: TableInfo, manifest: Manifest,
+               rows: pa.Table) -> None:
+        """Commit ``manifest`` (the files kept; the others go) with ``rows`` written as new
+        files of at most ``file_rows`` rows, sorted by key."""
+        keys = key_names(info)
+        rows = _sorted(rows, keys)
+        rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}),
+                                             _SPARK_ROW_METADATA: spark_schema_json(info)})
+        count = max(1, math.ceil(rows.num_rows / self.file_rows))
+        if rows.num_rows == 0 and manifest.files:
+            count = 0  # other files hold the table's rows (and its schema)
+        size = math.ceil(rows.num_rows / count) if count else 0
+        new = {}
+        for i in range(count):
+            chunk = rows.slice(i * size, size)
+            name = f"part-{manifest.batch:012d}-{i:05d}.parquet"
+            new[name] = chunk
+            manifest.files[name] = chunk.num_rows
+            bound = _bound(chunk.column(keys[0]))
+            if bound is not None:
+                manifest.bounds[name] = bound
+        files.commit(manifest, new)
+
+
+def read_state(spark: Any, path: str, table: str,
+               filesystem: pafs.FileSystem | None = None) -> Any:
+    """The current state of ``schema.table`` that ``TableStateWriter(path)`` keeps, as a
+    DataFrame (a Parquet read of the files its manifest lists)."""
+    files = StateFiles.at(path, table, filesystem)
+    manifest = files.recover()
+    if manifest is None:
+        raise FileNotFoundError(f"no state of {table} under {path}: has a TableStateWriter "
+                                "written a batch of it there?")
+    prefix = state_path(path, table)
+    return spark.read.parquet(*[f"{prefix}/{name}" for name in manifest.files])
+
+
+def _tail(manifest: Manifest) -> str | None:
+    """The file with the highest keys (by its bounds; else the last written)."""
+    if not manifest.files:
+        return None
+    if all(n in manifest.bounds for n in manifest.files):
+        highs = [n for n in manifest.files if manifest.bounds[n][1] is not None]
+        if highs:
+            return max(highs, key=lambda n: manifest.bounds[n][1])
+    return list(manifest.files)[-1]
+
+
+def _bound(values: pa.ChunkedArray) -> list[Any] | None:
+    """A file's ``[low, high, has_nulls]`` of its first key column (integers and text)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = values.type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        return None
+    low, high = pc.min_max(values).values()
+    return [low.as_py(), high.as_py(), values.null_count > 0]
+
+
+def _untouched(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """Which rows of ``base`` have a key the batch did not touch (NULLs equal)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(keys) == 1 and not pa.types.is_nested(base.schema.field(keys[0]).type):
+        touched = changes.column(keys[0]).combine_chunks()
+        return pc.invert(pc.is_in(base.column(keys[0]), value_set=touched, skip_nulls=False))
+    gone = set(key_tuples(changes, keys))
+    return pa.array([k not in gone for k in key_tuples(base, keys)], pa.bool_())
+
+
+def _sorted(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Rows sorted by key where the key's types sort (not lists)."""
+    import pyarrow as pa
+
+    if rows.num_rows < 2 or any(pa.types.is_nested(rows.schema.field(k).type) for k in keys):
+        return rows
+    return rows.sort_by([(k, "ascending") for k in keys])
+
+
+def _concat(*arrays: pa.ChunkedArray) -> pa.ChunkedArray:
+    import pyarrow as pa
+
+    return pa.chunked_array([c for a in arrays for c in a.chunks], arrays[0].type)
+
+
+def _concat_tables(*tables: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
+    schema = tables[-1].schema
+    return pa.concat_tables([t.cast(schema) for t in tables])

@@ -1,0 +1,314 @@
+"""TableStateWriter's files (plugin_framework/spark/statefiles.py): a batch rewrites only the
+files holding the keys it touches, a commit interrupted at any step of its file operations is
+finished or dropped, never half-applied, and a state written before manifests were kept is
+taken over. The server-driven random workloads (tests/test_spark_mirror.py,
+tests/test_spark_recovery.py) compare the state with SELECT *; these drive the writer with
+change rows made here, against a model of the table."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pytest
+from spark_fixtures import spark_session  # noqa: F401
+
+from plugin_framework.spark.statefiles import StateFiles, TableStateWriter
+from plugin_framework.spark.tables import rows_info
+
+COLUMNS = [{"name": "id", "type": "integer", "key": True},
+           {"name": "v", "type": "text", "key": False},
+           {"name": "big", "type": "text", "key": False},
+           {"name": "n", "type": "numeric(12,2)", "key": False}]
+TABLE = "public.t"
+
+Row = tuple[str, str, str]  # v, big, n
+
+
+class Crash(BaseException):
+    """The writer's process dies here (raised before a file operation happens)."""
+
+
+class Dying(pafs.FileSystemHandler):
+    """The local file system, which dies before its ``die_at``-th change (create, write,
+    move, delete) when that is set."""
+
+    def __init__(self) -> None:
+        self.fs = pafs.LocalFileSystem()
+        self.die_at: int | None = None
+        self.changes = 0
+
+    def _change(self) -> None:
+        if self.die_at is not None and self.changes == self.die_at:
+            self.die_at = None
+            raise Crash
+        self.changes += 1
+
+    def get_type_name(self) -> str:
+        return "dying"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[Any]:
+        return list(self.fs.get_file_info(paths))
+
+    def get_file_info_selector(self, selector: Any) -> list[Any]:
+        return list(self.fs.get_file_info(selector))
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self._change()
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self._change()
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self._change()
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise AssertionError("never")
+
+    def delete_file(self, path: str) -> None:
+        self._change()
+        self.fs.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self._change()
+        self.fs.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self._change()
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> Any:
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        self._change()
+        return self.fs.open_output_stream(path)
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        raise AssertionError("never")
+
+    def equals(self, other: Any) -> bool:
+        return other is self
+
+
+def change(op: str, seq: int, commit_lsn: int, *, after: dict[str, Any] | None = None,
+           before: dict[str, Any] | None = None, toast: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A change row as a batch gives it to the sinks (batch_rows), in the server's text."""
+    import json
+
+    def text(row: dict[str, Any] | None) -> list[tuple[str, str | None]] | None:
+        return None if row is None else [(k, None if v is None else str(v))
+                                         for k, v in row.items()]
+
+    key = {"id": (before or after or {})["id"]}
+    return {"schema": "public", "table": "t", "op": op, "seq": seq, "lsn": commit_lsn + seq,
+            "commit_lsn": commit_lsn, "commit_time": None, "key": text(key),
+            "before": text(before), "after": text(after),
+            "before_json": None if before is None else json.dumps(before),
+            "after_json": None if after is None else json.dumps(after),
+            "unchanged_toast": list(toast), "columns": COLUMNS}
+
+
+class Workload:
+    """Random batches of changes of ``public.t`` and the table they leave (``rows``): new keys
+    mostly ascending, updates that leave ``big`` unchanged (TOAST), key changes, deletes."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.rows: dict[int, Row] = {}
+        self.next_id = 1
+        self.lsn = 1000
+
+    def batch(self, changes: int, *, recent: bool = False) -> list[dict[str, Any]]:
+        r, out = self.random, []
+        while len(out) < changes:
+            seq = len(out)
+            self.lsn += 100
+            keys = sorted(self.rows)[-50:] if recent else list(self.rows)
+            choice = r.random() if keys else 0.0
+            if choice < 0.45:
+                key = self.next_id if r.random() < 0.9 else r.randrange(1, self.next_id + 50)
+                self.next_id = max(self.next_id, key) + 1
+                if key in self.rows:
+                    continue
+                row = (f"v{key}", f"big-{key}-" + "x" * r.randrange(0, 40), f"{key}.25")
+                out.append(change("INSERT", seq, self.lsn, after=self.values(key, row)))
+                self.rows[key] = row
+            elif choice < 0.8:
+                key = r.choice(keys)
+                new = self.next_id if r.random() < 0.2 else key
+                self.next_id = max(self.next_id, new + 1)
+                v, big, n = self.rows.pop(key)
+                row = (f"{v}'", big, str(Decimal(n) + 1))
+                after = {**self.values(new, row), "big": None}
+                out.append(change("UPDATE", seq, self.lsn, after=after, toast=("big",),
+                                  before={"id": key} if new != key else None))
+                self.rows[new] = row
+            else:
+                key = r.choice(keys)
+                del self.rows[key]
+                out.append(change("DELETE", seq, self.lsn, before={"id": key}))
+        return out
+
+    @staticmethod
+    def values(key: int, row: Row) -> dict[str, Any]:
+        return {"id": key, "v": row[0], "big": row[1], "n": row[2]}
+
+
+def state(path: Path) -> dict[int, Row]:
+    files = StateFiles.at(str(path), TABLE)
+    manifest = files.recover()
+    assert manifest is not None
+    table = files.read(list(manifest.files))
+    assert table.column_names == ["id", "v", "big", "n", "_commit_lsn", "_lsn"]
+    out = {}
+    for r in table.to_pylist():
+        assert r["id"] not in out, f"key {r['id']} twice"
+        out[r["id"]] = (r["v"], r["big"], str(r["n"]))
+    return out
+
+
+def apply(writer: TableStateWriter, rows: list[dict[str, Any]], batch_id: int) -> None:
+    """What TableSink does with one table's rows of a batch (no Spark: every value here is
+    typed in Python)."""
+    writer.apply(None, rows, rows_info("public", "t", rows), batch_id)
+
+
+def manifest(path: Path) -> dict[str, int]:
+    found = StateFiles.at(str(path), TABLE).recover()
+    assert found is not None
+    return found.files
+
+
+def test_a_batch_rewrites_only_the_files_holding_its_keys(tmp_path: Path) -> None:
+    work = Workload(seed=1)
+    writer = TableStateWriter(str(tmp_path), file_rows=100)
+    first = [change("INSERT", i, 1000, after=Workload.values(i, (f"v{i}", "b", "1.00")))
+             for i in range(1, 1001)]
+    work.rows = {i: (f"v{i}", "b", "1.00") for i in range(1, 1001)}
+    work.next_id = 1001
+    apply(writer, first, 0)
+    before = manifest(tmp_path)
+    assert len(before) == 10 and set(before.values()) == {100}
+    # three keys of one file updated: that file is rewritten, no other
+    rows = [change("UPDATE", i, 2000, after=Workload.values(k, ("w", "b", "2.00")))
+            for i, k in enumerate((205, 230, 299))]
+    for k in (205, 230, 299):
+        work.rows[k] = ("w", "b", "2.00")
+    apply(writer, rows, 1)
+    after = manifest(tmp_path)
+    assert len(set(before) - set(after)) == 1 and len(set(after) - set(before)) == 1
+    assert state(tmp_path) == work.rows
+    # new keys, ascending: they fill the file with the highest keys, then new ones
+    for batch in range(2, 6):
+        previous = manifest(tmp_path)
+        apply(writer, work.batch(40, recent=True), batch)
+        now = manifest(tmp_path)
+        assert len(set(previous) - set(now)) <= 2, (previous, now)
+        assert max(now.values()) <= 100
+        assert state(tmp_path) == work.rows
+
+
+def test_a_crash_at_any_step_of_a_commit_is_finished_or_dropped(tmp_path: Path) -> None:
+    dying = Dying()
+    fs = pafs.PyFileSystem(dying)
+    work = Workload(seed=7)
+    crashed_at: set[int] = set()
+    committed = 0
+    for batch_id in range(40):
+        rows = work.batch(work.random.choice((1, 5, 30)))
+        expected = dict(work.rows)
+        dying.die_at = work.random.randrange(0, 16)
+        dying.changes = 0
+        writer = TableStateWriter(str(tmp_path), file_rows=7, filesystem=fs)
+        try:
+            apply(writer, rows, batch_id)
+        except Crash:
+            crashed_at.add(dying.changes)
+            # a new process: the state is the previous batch's or this one's, whole
+            found = StateFiles.at(str(tmp_path), TABLE, fs).recover()
+            if found is not None and found.batch == batch_id:
+                assert state(tmp_path) == expected
+            elif batch_id:
+                assert found is not None and found.batch == committed
+            # the batch is delivered again
+            apply(TableStateWriter(str(tmp_path), file_rows=7, filesystem=fs), rows, batch_id)
+        dying.die_at = None
+        assert state(tmp_path) == expected, batch_id
+        committed = batch_id
+        # delivered once more (the checkpoint did not record it): nothing changes
+        before = manifest(tmp_path)
+        apply(TableStateWriter(str(tmp_path), file_rows=7, filesystem=fs), rows, batch_id)
+        assert manifest(tmp_path) == before
+    assert crashed_at >= set(range(8)), sorted(crashed_at)  # every step was interrupted
+    # nothing is left beside the manifest's files
+    names = {p.name for p in tmp_path.joinpath("public", "t").iterdir()}
+    assert names == set(manifest(tmp_path)) | {"_pgdecode"}
+    assert [p.name for p in tmp_path.joinpath("public", "t", "_pgdecode").iterdir()] == \
+        [f"state-{committed}.json"]
+
+
+def test_an_empty_table_keeps_a_file_with_its_columns(tmp_path: Path) -> None:
+    writer = TableStateWriter(str(tmp_path))
+    apply(writer, [change("INSERT", 0, 100, after={"id": 1, "v": "a", "big": "b", "n": "1"}),
+                   change("DELETE", 1, 100, before={"id": 1})], 0)
+    assert list(manifest(tmp_path).values()) == [0]
+    assert state(tmp_path) == {}
+
+
+@pytest.mark.slow
+def test_spark_reads_the_state_with_its_types(spark: Any, tmp_path: Path) -> None:
+    from plugin_framework.spark import read_state
+
+    work = Workload(seed=3)
+    writer = TableStateWriter(str(tmp_path), file_rows=10)
+    for batch_id in range(5):
+        apply(writer, work.batch(20), batch_id)
+    df = read_state(spark, str(tmp_path), TABLE)
+    assert {f.name: f.metadata.get("pg_type") for f in df.schema.fields} == {
+        "id": "integer", "v": "text", "big": "text", "n": "numeric(12,2)",
+        "_commit_lsn": None, "_lsn": None}
+    assert {r["id"]: (r["v"], r["big"], str(r["n"])) for r in df.collect()} == work.rows
+
+
+@pytest.mark.slow
+def test_a_state_written_before_manifests_is_taken_over(spark: Any, tmp_path: Path) -> None:
+    """Before the manifest, a state was a directory of Spark's Parquet files and a
+    ``_pgdecode_batch-N`` file naming the batch that wrote it."""
+    from pyspark.sql import types as T
+
+    from plugin_framework.spark import read_state
+
+    target = tmp_path / "public" / "t"
+    schema = T.StructType(
+        [T.StructField("id", T.IntegerType(), True, {"pg_type": "integer"}),
+         T.StructField("v", T.StringType(), True, {"pg_type": "text"}),
+         T.StructField("big", T.StringType(), True, {"pg_type": "text"}),
+         T.StructField("n", T.DecimalType(12, 2), True, {"pg_type": "numeric(12,2)"}),
+         T.StructField("_commit_lsn", T.LongType()), T.StructField("_lsn", T.LongType())])
+    old = [(i, f"v{i}", f"big{i}", Decimal("1.50"), 10, 10) for i in range(1, 31)]
+    spark.createDataFrame(old, schema).repartition(3).write.parquet(str(target))
+    (target / "_pgdecode_batch-4").touch()
+    writer = TableStateWriter(str(tmp_path), file_rows=10)
+    apply(writer, [change("UPDATE", 0, 500, after={"id": 2, "v": "w", "big": None, "n": "2"},
+                          toast=("big",))], 4)  # batch 4 again: had
+    apply(writer, [change("UPDATE", 0, 600, after={"id": 3, "v": "w", "big": None, "n": "2"},
+                          toast=("big",)),
+                   change("DELETE", 1, 600, before={"id": 4})], 5)
+    expected = {i: (f"v{i}", f"big{i}", "1.50") for i in range(1, 31) if i != 4}
+    expected[3] = ("w", "big3", "2.00")
+    assert state(tmp_path) == expected
+    assert not (target / "_pgdecode_batch-4").exists()
+    assert read_state(spark, str(tmp_path), TABLE).count() == 29
