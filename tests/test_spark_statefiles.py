@@ -219,6 +219,18 @@ def test_a_batch_rewrites_only_the_files_holding_its_keys(tmp_path: Path) -> Non
         assert len(set(previous) - set(now)) <= 2, (previous, now)
         assert max(now.values()) <= 100
         assert state(tmp_path) == work.rows
+    # updates and deletes of old keys leave the file with the highest keys alone, even
+    # while it has room
+    previous = manifest(tmp_path)
+    assert min(previous.values()) < 100
+    rows = [change("UPDATE", 0, 9000, after=Workload.values(150, ("u", "b", "3.00"))),
+            change("DELETE", 1, 9000, before={"id": 160})]
+    work.rows[150] = ("u", "b", "3.00")
+    del work.rows[160]
+    apply(writer, rows, 6)
+    now = manifest(tmp_path)
+    assert len(set(previous) - set(now)) == 1 and len(set(now) - set(previous)) == 1
+    assert state(tmp_path) == work.rows
 
 
 def test_a_crash_at_any_step_of_a_commit_is_finished_or_dropped(tmp_path: Path) -> None:

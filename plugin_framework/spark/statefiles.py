@@ -338,21 +338,25 @@ class TableStateWriter(TableSink):
             state = merge_state(spark, net, info, existing, renamed).toArrow()
             self._write(files, info, Manifest(batch_id, {}, description), state)
             return
+        import pyarrow.compute as pc
+
         changes = net_arrow(spark, net, info)
         keys = key_names(info)
         first = changes.column(keys[0])
         if net.fills:  # the keys the unchanged TOAST values are under
             first = _concat(first, changes.column(f"_o_{keys[0]}"))
         read = files.holding(manifest, keys[0], first.combine_chunks())
-        tail = _tail(manifest)
-        if tail is not None and tail not in read and manifest.files[tail] < self.file_rows:
-            read.append(tail)  # where rows of new keys go
         puts = state_rows(changes, info)
         base = files.read(read, puts.schema)
+        tail = _tail(manifest)
+        if tail is not None and tail not in read and manifest.files[tail] < self.file_rows \
+                and not pc.all(_among(puts, base, keys)).as_py():
+            read.append(tail)  # where the rows of new keys go
+            base = _concat_tables(base, files.read([tail], puts.schema))
         if net.fills:
             changes = fill_rows(changes, net.fills, info, base)
             puts = state_rows(changes, info)
-        state = _concat_tables(base.filter(_untouched(base, changes, keys)), puts)
+        state = _concat_tables(base.filter(pc.invert(_among(base, changes, keys))), puts)
         kept = Manifest(batch_id, {n: r for n, r in manifest.files.items() if n not in read},
                         description, {n: b for n, b in manifest.bounds.items() if n not in read})
         self._write(files, info, kept, state)
@@ -417,16 +421,16 @@ def _bound(values: pa.ChunkedArray) -> list[Any] | None:
     return [low.as_py(), high.as_py(), values.null_count > 0]
 
 
-def _untouched(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Array:
-    """Which rows of ``base`` have a key the batch did not touch (NULLs equal)."""
+def _among(rows: pa.Table, others: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """Which of ``rows`` have a key that one of ``others`` has (NULLs equal)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if len(keys) == 1 and not pa.types.is_nested(base.schema.field(keys[0]).type):
-        touched = changes.column(keys[0]).combine_chunks()
-        return pc.invert(pc.is_in(base.column(keys[0]), value_set=touched, skip_nulls=False))
-    gone = set(key_tuples(changes, keys))
-    return pa.array([k not in gone for k in key_tuples(base, keys)], pa.bool_())
+    if len(keys) == 1 and not pa.types.is_nested(rows.schema.field(keys[0]).type):
+        return pc.is_in(rows.column(keys[0]), value_set=others.column(keys[0]).combine_chunks(),
+                        skip_nulls=False)
+    theirs = set(key_tuples(others, keys))
+    return pa.array([k in theirs for k in key_tuples(rows, keys)], pa.bool_())
 
 
 def _sorted(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
