@@ -24,7 +24,7 @@ from plugin_framework.spark.tables import spark_type
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Decline", "arrow_type", "text_maps", "typed_arrays", "typed_net", "typed_rows"]
+__all__ = ["Decline", "arrow_type", "typed_arrays", "typed_net", "typed_rows"]
 
 
 class Decline(Exception):
@@ -159,17 +159,17 @@ def _bytes(hex_prefix: bool) -> Callable[[str], bytes | None]:
     return convert
 
 
-def _float(arrow: pa.DataType) -> Callable[[Sequence[str | None]], pa.Array]:
+def _float(arrow: pa.DataType) -> Callable[[pa.Array], pa.Array]:
     """Floats are parsed by Arrow, a column at a time: straight to single precision, as
     Spark's cast does (a detour through a double could round twice)."""
-    def convert(texts: Sequence[str | None]) -> pa.Array:
+    def convert(texts: pa.Array) -> pa.Array:
         import pyarrow as pa
 
-        for text in texts:
+        for text in texts.to_pylist():
             if text is not None and (not text or text != text.strip()):
                 raise Decline(f"float {text!r}")
         try:
-            return pa.array(texts, pa.string()).cast(arrow)
+            return texts.cast(arrow)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise Decline(f"float: {exc}") from None
 
@@ -207,26 +207,29 @@ def _strict_casts() -> tuple[type, ...]:
             T.TimestampType, T.TimestampNTZType)
 
 
-def _column(texts: Sequence[str | None], dtype: Any, *, hex_prefix: bool) -> pa.Array:
+def _column(texts: Sequence[str | None] | pa.Array, dtype: Any, *,
+            hex_prefix: bool) -> pa.Array:
     """One column of values of Spark type ``dtype`` from their text, as an Arrow array."""
     import pyarrow as pa
     from pyspark.sql import types as T
 
+    if not isinstance(texts, pa.Array):
+        texts = pa.array(texts, pa.string())
     arrow = _arrow(dtype)
     if isinstance(dtype, T.FloatType | T.DoubleType):
         return _float(arrow)(texts)
     convert = _scalar(dtype, hex_prefix=hex_prefix)
     if convert is None:
-        return pa.array(texts, arrow)
+        return texts.cast(arrow)
     if isinstance(dtype, _strict_casts()):
         # Arrow's own cast takes the usual forms only (four-digit years, no BC, offsets
         # without seconds, numerics that fit exactly), a column at a time; on anything
         # else it fails and each value is converted below.
         try:
-            return pa.array(texts, pa.string()).cast(arrow)
+            return texts.cast(arrow)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
-    values = [None if t is None else convert(t) for t in texts]
+    values = [None if t is None else convert(t) for t in texts.to_pylist()]
     if isinstance(dtype, T.DateType | T.TimestampType | T.TimestampNTZType):
         storage = pa.int32() if isinstance(dtype, T.DateType) else pa.int64()
         return pa.array(values, storage).cast(arrow)
@@ -296,12 +299,17 @@ def _array_column(values: Sequence[Any], dtype: Any) -> pa.Array:
                                     mask=pa.array([items is None for items in lists]))
 
 
-def typed_arrays(rows: Sequence[dict[str, str | None] | None], row_json: Sequence[str | None],
+def typed_arrays(rows: pa.Array | pa.ChunkedArray, row_json: Sequence[str | None],
                  columns: Sequence[tuple[str, str]]) -> list[pa.Array]:
-    """``tables.typed_values`` of the rows (each a dict of the server's text, or None) and
-    their typed JSON: one Arrow array per column (name, PostgreSQL type)."""
+    """``tables.typed_values`` of the rows (a map<string,string> column of the server's
+    text, NULL: no row) and their typed JSON: one Arrow array per column (name, PostgreSQL
+    type)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     from pyspark.sql import types as T
 
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
     out = []
     parsed: list[dict[str, Any]] | None = None
     for name, pg in columns:
@@ -310,15 +318,10 @@ def typed_arrays(rows: Sequence[dict[str, str | None] | None], row_json: Sequenc
             if parsed is None:
                 parsed = [_json_fields(text) for text in row_json]
             out.append(_array_column([fields.get(name) for fields in parsed], dtype))
-        else:
-            texts = [None if row is None else row.get(name) for row in rows]
+        else:  # a key given twice: the last value (as a dict of the pairs has it)
+            texts = pc.map_lookup(rows, pa.scalar(name), "last")
             out.append(_column(texts, dtype, hex_prefix=True))
     return out
-
-
-def text_maps(column: pa.ChunkedArray) -> list[dict[str, str | None] | None]:
-    """A map<string,string> column of the server's text as dicts (None: no row)."""
-    return [None if m is None else dict(m) for m in column.to_pylist()]
 
 
 def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
@@ -330,11 +333,10 @@ def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
 
     types = dict(columns)
     origin = [(k, types[k]) for k in keys]
-    arrays = [*typed_arrays(text_maps(table.column("row")), table.column("row_json").to_pylist(),
-                            columns),
+    arrays = [*typed_arrays(table.column("row"), table.column("row_json").to_pylist(), columns),
               table.column("fill").combine_chunks(),
-              *typed_arrays(text_maps(table.column("origin")),
-                            table.column("origin_json").to_pylist(), origin)]
+              *typed_arrays(table.column("origin"), table.column("origin_json").to_pylist(),
+                            origin)]
     return pa.table(arrays, names=[*[name for name, _ in columns], "_fill",
                                    *[f"_o_{k}" for k, _ in origin]])
 

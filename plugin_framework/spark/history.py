@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.arrowtyped import Decline, text_maps, typed_arrays, typed_rows
+from plugin_framework.spark.arrowtyped import Decline, typed_arrays, typed_rows
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
@@ -261,7 +261,7 @@ def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     e = changes.ends
     types = {name: pg for name, pg, _ in info.columns}
     keys = key_names(info)
-    typed = typed_arrays(text_maps(e.column("row")), e.column("row_json").to_pylist(),
+    typed = typed_arrays(e.column("row"), e.column("row_json").to_pylist(),
                          [(k, types[k]) for k in keys])
     return pa.table([*typed, e.column("at_lsn"), e.column("at")],
                     names=[*keys, "_valid_to_lsn", "_valid_to"])
