@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from plugin_framework.spark.netchange import net_changes
 from plugin_framework.spark.schemas import SchemaChangeError, columns_map, describe_rows
@@ -117,3 +119,87 @@ def test_a_change_it_cannot_tell_from_a_drop_and_an_add_is_refused() -> None:
     new = (("id", "integer"), ("n", "numeric"))
     with pytest.raises(SchemaChangeError, match=r"public\.t: column v \(text\) is now n"):
         columns_map("public.t", [old, new])
+
+
+# --- the column-wise net of simple batches (simple_net) against the replay ----------------
+
+
+def table_rows(rows: list[dict[str, Any]]) -> Any:
+    """Change rows as batch_rows gives them to the sinks: an Arrow table and its dicts."""
+    import pyarrow as pa
+
+    from plugin_framework.spark.changes import arrow_schema
+    from plugin_framework.spark.netchange import NET_COLUMNS, TableRows
+
+    full = arrow_schema()
+    schema = pa.schema([full.field(n) for n in NET_COLUMNS])
+    arrow = pa.Table.from_pylist([{"schema": "public", "table": "t", "commit_time": None, **r}
+                                  for r in rows], schema=schema)
+    return TableRows(arrow, arrow.column("columns").to_pylist())
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Batches that are mostly simple (each key once, no old row, no unchanged TOAST), and
+    some that are not in one way."""
+    keys = draw(st.lists(st.integers(0, 30), min_size=1, max_size=25,
+                         unique=draw(st.booleans()) or draw(st.booleans())))
+    rows = []
+    for seq, k in enumerate(keys):
+        op = draw(st.sampled_from(["INSERT", "UPDATE", "DELETE", "SNAPSHOT"]))
+        value = draw(st.one_of(st.none(), st.text(max_size=5)))
+        after = {"id": k, "v": value, "big": draw(st.sampled_from([None, "T", "ü\n"]))}
+        commit_lsn = 100 + seq // 3 * 50
+        if op == "DELETE":
+            rows.append(change(op, seq, key={"id": k}, commit_lsn=commit_lsn,
+                               before=({"id": k} if draw(st.booleans()) else None)))
+            rows[-1]["before"] = None if draw(st.integers(0, 9)) else rows[-1]["before"]
+        elif op == "UPDATE" and draw(st.integers(0, 9)) == 0:  # a key change
+            rows.append(change(op, seq, after=after, before={"id": k + 100},
+                               commit_lsn=commit_lsn))
+        else:
+            toast = ("big",) if op == "UPDATE" and draw(st.integers(0, 9)) == 0 else ()
+            rows.append(change(op, seq, after=after, key={"id": k}, commit_lsn=commit_lsn,
+                               toast=toast))
+    if draw(st.integers(0, 19)) == 0:
+        rows.append(change("TRUNCATE", len(rows), key={"id": 0}))
+        rows[-1].update(key=None, after=None, after_json=None)
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches())
+def test_simple_batches_net_column_wise_as_the_replay_does(rows: list[dict[str, Any]]) -> None:
+    from plugin_framework.spark.netchange import simple_net
+
+    fast = simple_net(table_rows(rows).arrow, ("id",))
+    replayed = net_changes(rows, ("id",))
+    event("simple" if fast is not None else "replayed")
+    if fast is None:  # not simple: net_changes of the Arrow rows replays them
+        got = net_changes(table_rows(rows), ("id",))
+    else:
+        got = fast
+        assert all((r["op"] != "UPDATE" or r["before"] is None) and not r["unchanged_toast"]
+                   for r in rows)
+    assert got.table.to_pylist() == replayed.table.to_pylist()
+    assert got.table.schema == replayed.table.schema
+    assert (got.truncated, got.fills) == (replayed.truncated, replayed.fills)
+
+
+def test_simple_net_takes_the_batches_it_should() -> None:
+    from plugin_framework.spark.netchange import simple_net
+
+    simple = [change("INSERT", 0, after={"id": 1, "v": "a", "big": "T"}),
+              change("UPDATE", 1, after={"id": 2, "v": "b", "big": "U"}),
+              change("DELETE", 2, key={"id": 3})]
+    assert simple_net(table_rows(simple).arrow, ("id",)) is not None
+    twice = [*simple, change("UPDATE", 3, after={"id": 1, "v": "c", "big": "T"}),
+             change("INSERT", 4, after={"id": 3, "v": "d", "big": "T"})]
+    net = simple_net(table_rows(twice).arrow, ("id",))
+    assert net is not None and [dict(r["row"])["v"] for r in net.table.to_pylist()] == \
+        ["b", "c", "d"]
+    toast = [change("UPDATE", 0, after={"id": 2, "v": "b", "big": None}, toast=("big",))]
+    moved = [change("UPDATE", 0, after={"id": 2, "v": "b", "big": "T"}, before={"id": 1})]
+    null_key = [change("INSERT", 0, after={"id": None, "v": "a", "big": "T"}, key={"id": 1})]
+    for rows in (toast, moved, null_key):
+        assert simple_net(table_rows(rows).arrow, ("id",)) is None

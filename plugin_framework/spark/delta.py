@@ -96,7 +96,7 @@ class DeltaSink(TableSink):
         self.app_id = app_id
         self.storage_options = storage_options
 
-    def pending(self, rows: list[dict[str, Any]], info: TableInfo,
+    def pending(self, rows: Sequence[dict[str, Any]], info: TableInfo,
                 batch_id: int) -> Pending | None:
         """The table's Delta state before the batch (None: it has the batch already); the
         rows renamed to the batch's newest description."""
@@ -141,7 +141,7 @@ class DeltaSink(TableSink):
 class DeltaTableWriter(DeltaSink):
     """``fn(batch_df, batch_id)`` maintaining each table's current state as a Delta table."""
 
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         pending = self.pending(rows, info, batch_id)
         if pending is None:

@@ -142,7 +142,7 @@ def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
 class HistoryWriter(DeltaSink):
     """``fn(batch_df, batch_id)`` appending each table's versions to its Delta history."""
 
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         import pyarrow as pa
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from plugin_framework.spark.netchange import TableRows
+
 __all__ = ["Description", "SchemaChangeError", "align_names", "columns_map", "describe_rows"]
 
 Description = tuple[tuple[str, str], ...]  # (name, PostgreSQL type) of each column, in order
@@ -69,20 +71,28 @@ def description(columns: Any) -> Description:
     return tuple((c["name"], c["type"]) for c in columns or ())
 
 
-def describe_rows(table: str, rows: list[dict[str, Any]], stored: Description | None
+def describe_rows(table: str, rows: Sequence[dict[str, Any]], stored: Description | None
                   ) -> tuple[Description, dict[str, str | None] | None]:
     """Rename the columns of ``rows`` (one table's change rows of a batch, in order) to the
     batch's newest description, in place; returns that description and the map of the
     ``stored`` description's columns (the state's) to it (None: none stored)."""
     chain: list[Description] = [] if stored is None else [stored]
-    described = [description(r["columns"]) for r in rows]
+    if isinstance(rows, TableRows):  # each row's columns, converted once per distinct value
+        converted: dict[int, Description] = {}
+        for c in rows.columns:
+            if id(c) not in converted:
+                converted[id(c)] = description(c)
+        described = [converted[id(c)] for c in rows.columns]
+    else:
+        described = [description(r["columns"]) for r in rows]
     for d in described:
         if not chain or chain[-1] != d:
             chain.append(d)
     newest = chain[-1] if chain else ()
-    for row, d in zip(rows, described, strict=True):
-        if d != newest:
-            _rename(row, columns_map(table, chain[chain.index(d):]))
+    if any(d != newest for d in described):  # (TableRows are made dicts only here)
+        for row, d in zip(rows, described, strict=True):
+            if d != newest:
+                _rename(row, columns_map(table, chain[chain.index(d):]))
     state_map = None if stored is None else columns_map(table, chain)
     return newest, state_map
 

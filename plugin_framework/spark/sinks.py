@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changes import local_rows
-from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges
+from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, TableRows
 from plugin_framework.spark.schemas import SchemaChangeError
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
@@ -214,7 +214,7 @@ class TableSink:
             if self.on_table is not None:
                 self.on_table(info.qualified_name, batch_id)
 
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         raise NotImplementedError
 
@@ -415,22 +415,30 @@ def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> A
     return column(old).cast(dtype).alias(new)
 
 
-def batch_rows(df: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def batch_rows(df: Any) -> dict[tuple[str, str], TableRows]:
     """A batch's change rows by table, each table's in ``(commit_lsn, seq)`` order (one
-    collect)."""
-    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    collect; rows made dicts only where a sink reads them so)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     table = local_rows(df)
     if table is None:
         table = df.select(*NET_COLUMNS).toArrow()
-    names = [n for n in NET_COLUMNS if n != "columns"]
-    values = [table.column(n).to_pylist() for n in names]
-    keys = [*names, "columns"]
-    for row_values in zip(*values, descriptions(table.column("columns")), strict=True):
-        row = dict(zip(keys, row_values, strict=True))
-        rows.setdefault((row["schema"], row["table"]), []).append(row)
-    for changes in rows.values():
-        changes.sort(key=lambda r: (r["commit_lsn"], r["seq"]))
-    return rows
+    table = table.select(list(NET_COLUMNS))
+    if table.num_rows == 0:
+        return {}
+    columns = descriptions(table.column("columns"))
+    names = pc.dictionary_encode(pc.binary_join_element_wise(
+        table.column("schema"), table.column("table"), "\x00").combine_chunks())
+    out = {}
+    for i, name in enumerate(names.dictionary.to_pylist()):
+        schema, _, relation = name.partition("\x00")
+        where = pc.indices_nonzero(pc.equal(names.indices, pa.scalar(i, names.indices.type)))
+        rows = table.take(where)
+        order = pc.sort_indices(rows, [("commit_lsn", "ascending"), ("seq", "ascending")])
+        out[schema, relation] = TableRows(
+            rows.take(order), [columns[j] for j in where.take(order).to_pylist()])
+    return out
 
 
 def descriptions(columns: pa.ChunkedArray) -> list[Any]:

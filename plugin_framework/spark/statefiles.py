@@ -320,7 +320,7 @@ class TableStateWriter(TableSink):
         self.file_rows = file_rows
         self.filesystem = filesystem
 
-    def apply(self, spark: Any, rows: list[dict[str, Any]], info: TableInfo,
+    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         files = StateFiles.at(self.path, info.qualified_name, self.filesystem)
         manifest = files.recover()

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from plugin_framework.spark.netchange import TableRows
 from plugin_framework.spark.schemas import align_names
 
 __all__ = ["TableInfo", "column", "rows_info", "spark_type", "split_tables", "table_infos",
@@ -121,6 +122,9 @@ def table_infos(df: Any) -> list[TableInfo]:
 def rows_info(schema: str, table: str, rows: Sequence[dict[str, Any]]) -> TableInfo:
     """What ``table_infos`` says of a table, from its change rows of a batch (collected, in
     ``(commit_lsn, seq)`` order)."""
+    if isinstance(rows, TableRows):  # not made dicts for this
+        return TableInfo(schema, table, _columns(rows.columns[-1]) if rows.columns else (),
+                         len(rows))
     return TableInfo(schema, table, _columns(rows[-1]["columns"]) if rows else (), len(rows))
 
 
