@@ -296,15 +296,21 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
 
 def test_sinks_type_by_spark_what_arrowtyped_declines(db: Any, spark: Any, tmp_path: Any,
                                                        caplog: Any) -> None:
-    """A jsonb[] column (its elements are JSON objects, which arrowtyped declines): the Delta
-    and history sinks type that table's batches with Spark's expressions, fill unchanged
-    TOAST values, and still equal the table."""
+    """A jsonb[] column (its elements are JSON objects, which arrowtyped declines): the
+    Parquet, Delta and history sinks type that table's batches with Spark's expressions,
+    fill unchanged TOAST values, and still equal the table."""
     import json
     import logging
 
     from spark_fixtures import delta_rows
 
-    from plugin_framework.spark import DeltaTableWriter, ForeachBatchStream, HistoryWriter
+    from plugin_framework.spark import (
+        DeltaTableWriter,
+        ForeachBatchStream,
+        HistoryWriter,
+        TableStateWriter,
+        read_state,
+    )
 
     with db.connect(autocommit=True) as conn:
         conn.execute("""
@@ -323,7 +329,9 @@ def test_sinks_type_by_spark_what_arrowtyped_declines(db: Any, spark: Any, tmp_p
             conn.execute("DELETE FROM j WHERE id %% 11 = %s", (step,))
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     delta, history = str(tmp_path / "delta"), str(tmp_path / "history")
-    sinks = [DeltaTableWriter(delta), HistoryWriter(history)]
+    state = str(tmp_path / "state")
+    sinks = [TableStateWriter(state, file_rows=30), DeltaTableWriter(delta),
+             HistoryWriter(history)]
 
     def fn(df: Any, batch_id: int) -> None:
         for sink in sinks:
@@ -341,8 +349,10 @@ def test_sinks_type_by_spark_what_arrowtyped_declines(db: Any, spark: Any, tmp_p
         return json.loads(text) if text is not None and text.startswith("{") else text
 
     expected = {r[0]: r for r in db.execute("SELECT id, docs, n, big FROM j")}
-    for path, current in ((delta, False), (history, True)):
-        rows = delta_rows(path, "public.j", ["id", "docs", "n", "big"], history=current)
+    for path, current in ((state, None), (delta, False), (history, True)):
+        rows = [tuple(r) for r in read_state(spark, path, "public.j")
+                .select("id", "docs", "n", "big").collect()] if current is None else \
+            delta_rows(path, "public.j", ["id", "docs", "n", "big"], history=current)
         got = {r[0]: (r[0], None if r[1] is None else [element(e) for e in r[1]], r[2], r[3])
                for r in rows}
         assert len(rows) == len(got) == len(expected) > 50
