@@ -296,9 +296,13 @@ def test_spark_reads_the_state_with_its_types(spark: Any, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_a_state_written_before_manifests_is_taken_over(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("swapping", [False, True], ids=["in-place", "crashed-in-swap"])
+def test_a_state_written_before_manifests_is_taken_over(spark: Any, tmp_path: Path,
+                                                        swapping: bool) -> None:
     """Before the manifest, a state was a directory of Spark's Parquet files and a
-    ``_pgdecode_batch-N`` file naming the batch that wrote it."""
+    ``_pgdecode_batch-N`` file naming the batch that wrote it; that writer wrote each
+    version beside the table (``.t.new-N``) and swapped it in with two renames, and a crash
+    between them left only the new version."""
     from pyspark.sql import types as T
 
     from plugin_framework.spark import read_state
@@ -311,8 +315,11 @@ def test_a_state_written_before_manifests_is_taken_over(spark: Any, tmp_path: Pa
          T.StructField("n", T.DecimalType(12, 2), True, {"pg_type": "numeric(12,2)"}),
          T.StructField("_commit_lsn", T.LongType()), T.StructField("_lsn", T.LongType())])
     old = [(i, f"v{i}", f"big{i}", Decimal("1.50"), 10, 10) for i in range(1, 31)]
-    spark.createDataFrame(old, schema).repartition(3).write.parquet(str(target))
-    (target / "_pgdecode_batch-4").touch()
+    written = target.with_name(".t.new-4") if swapping else target
+    spark.createDataFrame(old, schema).repartition(3).write.parquet(str(written))
+    (written / "_pgdecode_batch-4").touch()
+    if swapping:  # an older version, never finished: not taken
+        target.with_name(".t.new-2").mkdir()
     writer = TableStateWriter(str(tmp_path), file_rows=10)
     apply(writer, [change("UPDATE", 0, 500, after={"id": 2, "v": "w", "big": None, "n": "2"},
                           toast=("big",))], 4)  # batch 4 again: had

@@ -13,8 +13,8 @@ table (``batch_rows``), their net changes typed (``net_arrow``, ``net_frame``), 
 TOAST values filled in (``fill_rows`` in Arrow, ``fill_from`` in Spark), a state merged in
 Spark (``merge_state``, for ALTER TABLE).
 
-Paths go through Hadoop's FileSystem of the session (any scheme Spark can write), or the
-local file system when the session has no JVM gateway (Spark Connect).
+``ChangeLogWriter``'s paths go through Hadoop's FileSystem of the session (any scheme Spark
+can write), or the local file system when the session has no JVM gateway (Spark Connect).
 """
 
 from __future__ import annotations

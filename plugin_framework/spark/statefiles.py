@@ -19,6 +19,8 @@ touches, so that its cost grows with the batch and the files it touches, not wit
 - the rows of the files read, and those put, are sorted by key and written as new files of
   at most ``file_rows`` rows; the files read are dropped.
 
+Files are ranges of the key, not hash buckets: the keys of a batch of 10,000 changes, hashed,
+fall into nearly every bucket, whereas a run of new ascending keys stays in one range.
 Updates spread evenly over a large table touch every file: then a batch rewrites the table.
 ``DeltaTableWriter`` (delta.py) has the same limit (copy-on-write files); a batch of a
 workload with locality (new keys ascending, updates to recent rows) rewrites one or two files.
@@ -208,9 +210,22 @@ class StateFiles:
 
     def _adopt(self) -> Manifest | None:
         """The manifest of a state written before manifests were kept (a directory of
-        Spark's Parquet files and a ``_pgdecode_batch-N`` file), written now."""
+        Spark's Parquet files and a ``_pgdecode_batch-N`` file, or, after a crash of that
+        writer as it swapped versions, only its new version ``.<table>.new-N``), written
+        now."""
         import pyarrow.parquet as pq
 
+        if not self._exists(self.root):  # that writer's crash between its two renames
+            parent, name = self.root.rsplit("/", 1)
+            prefix = f".{name}.new-"
+            versions = sorted((e for e in self._entries(parent)
+                               if e.base_name.startswith(prefix)
+                               and e.base_name.removeprefix(prefix).isdigit()),
+                              key=lambda e: int(e.base_name.removeprefix(prefix)), reverse=True)
+            for version in versions:
+                if any(e.base_name.startswith(_OLD_MARKER) for e in self._entries(version.path)):
+                    self.fs.move(version.path, self.root)
+                    break
         entries = self._entries(self.root)
         batches = [int(e.base_name.removeprefix(_OLD_MARKER)) for e in entries
                    if e.base_name.startswith(_OLD_MARKER)
