@@ -261,20 +261,18 @@ class StateFiles:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        nested = pa.types.is_nested(wanted.type)
-        values = sorted(pc.unique(wanted.drop_null()).to_pylist()) if not nested else []
+        if pa.types.is_nested(wanted.type):  # neither bounds nor is_in: every file may
+            return list(manifest.files)
+        values = sorted(pc.unique(wanted.drop_null()).to_pylist())
         nulls = wanted.null_count > 0
         out = []
         for name in manifest.files:
             bound = manifest.bounds.get(name)
-            if bound is not None and not nested:
+            if bound is not None:
                 low, high, has_nulls = bound  # low and high None: no key but NULLs
                 at = len(values) if low is None else bisect.bisect_left(values, low)
                 if not (nulls and has_nulls) and not (at < len(values) and values[at] <= high):
                     continue
-            if nested:
-                out.append(name)
-                continue
             column = pq.read_table(self.file(name), columns=[key], filesystem=self.fs)
             if pc.any(pc.is_in(column.column(key), value_set=wanted, skip_nulls=False)).as_py():
                 out.append(name)
