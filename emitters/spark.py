@@ -17,6 +17,9 @@ Options:
   (``DeltaTableWriter``; needs the ``delta`` extra);
 - ``history-path=PATH``: keep each table's history, one row per version, as Delta Lake
   tables (``HistoryWriter``; needs the ``delta`` extra);
+- ``keys=JSON``: for those three, the primary keys of tables whose rows mark every column as
+  the key (REPLICA IDENTITY FULL), as ``{"schema.table": ["column", ...]}`` (``[]``: no key;
+  see ``TableSink``); ``pgdecode mirror`` reads them from the catalog;
 - ``max-rows`` (10000), ``max-bytes`` (64 MB), ``max-delay`` (seconds, 5): a batch goes
   out when it reaches any of them (a transaction is never split); with ``max-delay``, use
   a ``--status-interval`` no longer than it, as the delay is checked at status updates too;
@@ -31,6 +34,7 @@ docs/spark.md.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from typing import Any
@@ -83,6 +87,18 @@ def _conf(text: str | None) -> dict[str, str]:
     return conf
 
 
+def _keys(text: str | None) -> dict[str, list[str]]:
+    try:
+        keys = json.loads(_text(text))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(keys, dict) or not all(
+            isinstance(t, str) and isinstance(k, list) and all(isinstance(c, str) for c in k)
+            for t, k in keys.items()):
+        raise ValueError('expected {"schema.table": ["column", ...], ...}')
+    return keys
+
+
 OPTIONS = [
     Option("checkpoint", None, _text, "directory of the batch log (required)"),
     Option("foreach-batch", None, _text, "MODULE:FUNCTION called as fn(batch_df, batch_id)"),
@@ -90,6 +106,7 @@ OPTIONS = [
     Option("state-path", None, _text, "maintain the tables' current state as Parquet here"),
     Option("delta-path", None, _text, "maintain the tables' current state as Delta tables here"),
     Option("history-path", None, _text, "keep the tables' history as Delta tables here"),
+    Option("keys", {}, _keys, "the state sinks' keys of REPLICA IDENTITY FULL tables (JSON)"),
     Option("max-rows", DEFAULT_MAX_ROWS, _positive_int, "rows that close a batch"),
     Option("max-bytes", DEFAULT_MAX_BYTES, _positive_int, "bytes (estimated) that close a batch"),
     Option("max-delay", DEFAULT_MAX_DELAY, _seconds, "seconds after which a batch goes out"),
@@ -141,12 +158,13 @@ class SparkEmitter(ForeachBatchPlugin):
         sinks: list[BatchFunction] = []
         if opts["changelog-path"] is not None:
             sinks.append(ChangeLogWriter(opts["changelog-path"]))
+        keys = opts["keys"]
         if opts["state-path"] is not None:
-            sinks.append(TableStateWriter(opts["state-path"]))
+            sinks.append(TableStateWriter(opts["state-path"], keys=keys))
         if opts["delta-path"] is not None:
-            sinks.append(DeltaTableWriter(opts["delta-path"]))
+            sinks.append(DeltaTableWriter(opts["delta-path"], keys=keys))
         if opts["history-path"] is not None:
-            sinks.append(HistoryWriter(opts["history-path"]))
+            sinks.append(HistoryWriter(opts["history-path"], keys=keys))
         self.sinks = sinks + self.sinks
         if self.spark is None:
             # Spark's Python workers must run this interpreter (and find pgdecode)

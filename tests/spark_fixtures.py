@@ -20,6 +20,7 @@ import decimal
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,9 +148,9 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def table_rows(db: Any, table: str) -> set[tuple[Any, ...]]:
-    """The table as SELECT shows it: text for json, the rest in psycopg's Python types,
-    timestamptz in UTC."""
+def table_rows(db: Any, table: str) -> Counter[tuple[Any, ...]]:
+    """The table as SELECT shows it, equal rows counted: text for json, the rest in
+    psycopg's Python types, timestamptz in UTC."""
     cols = [r[0] for r in db.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum", (table,))]
@@ -157,7 +158,8 @@ def table_rows(db: Any, table: str) -> set[tuple[Any, ...]]:
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
     select = ", ".join(f"{c}::text" if types[c] in ("jsonb", "json") else c for c in cols)
-    return {tuple(_norm(v) for v in row) for row in db.execute(f"SELECT {select} FROM {table}")}
+    return Counter(tuple(_norm(v) for v in row)
+                   for row in db.execute(f"SELECT {select} FROM {table}"))
 
 
 def state_rows(spark: Any, path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
@@ -192,9 +194,8 @@ def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = 
         columns = table_columns(db, table)
         rows = delta_rows(path, table, columns, history) if delta or history else \
             state_rows(spark, path, table, columns)
-        assert len(rows) == len(set(rows)), f"{table}: duplicate rows in the state"
         expected = table_rows(db, table)
-        missing, extra = expected - set(rows), set(rows) - expected
+        missing, extra = expected - Counter(rows), Counter(rows) - expected
         assert not missing and not extra, (
             f"{table}: {len(missing)} rows missing from the state (e.g. {sorted(missing)[:2]}), "
             f"{len(extra)} unexpected (e.g. {sorted(extra)[:2]})")

@@ -81,6 +81,23 @@ def test_mirror_copies_then_follows_the_tables_into_delta(db: Any, tmp_path: Pat
     assert ops == {"SNAPSHOT", "UPDATE", "INSERT"}, ops
 
 
+def test_mirror_keys_full_tables_by_their_primary_key(db: Any) -> None:
+    """The keys mirror gives the sinks (-o keys): each published table's primary key, none
+    for a table without one."""
+    import argparse
+
+    from plugin_framework.cli.commands import mirror_keys
+
+    with db.connect(autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("ALTER TABLE fulltab ADD PRIMARY KEY (a)")
+        conn.execute("CREATE TABLE nokey (x int, y text)")
+    keys = mirror_keys(argparse.Namespace(dbname=db.conninfo, publication=["spark_pub"],
+                                          slot="s"))
+    assert keys == {"public.accounts": ["id"], "public.ledger": ["id"],
+                    "public.scratch": ["id"], "public.fulltab": ["a"], "public.nokey": []}
+
+
 def test_mirror_refuses_a_remote_target_without_a_checkpoint() -> None:
     result = run_cli(["mirror", "-d", "dbname=x", "-S", "s", "--publication", "p", "--to",
                       "s3://bucket/lake"], timeout=60)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from spark_fixtures import spark_session  # noqa: F401
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
-from plugin_framework.spark.netchange import NetChanges, put_schema
+from plugin_framework.spark.netchange import NetChanges, net_schema
 from plugin_framework.spark.sinks import merge_state, net_frame, state_rows
 from plugin_framework.spark.tables import TableInfo
 
@@ -85,9 +85,9 @@ def net_of(rows: list[dict[str, str | None]], jsons: list[str | None]) -> pa.Tab
     columns = {"deleted": [False] * n, "row": [list(r.items()) for r in rows],
                "row_json": jsons, "fill": [[] for _ in rows],
                "origin": [[("id", r.get("id"))] for r in rows],
-               "origin_json": [None] * n, "commit_lsn": list(range(n)), "lsn": list(range(n))}
-    schema = pa.schema([*put_schema(), ("commit_lsn", pa.int64()), ("lsn", pa.int64())])
-    return pa.table(columns, schema=schema)
+               "origin_json": [None] * n, "commit_lsn": list(range(n)), "lsn": list(range(n)),
+               "copies": [1] * n}
+    return pa.table(columns, schema=net_schema())
 
 
 INFO = TableInfo("public", "t", tuple((n, t, n == "id") for n, t in COLUMNS))

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
     slot = f"{db.dbname}_rk"
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
                (slot,))
-    points: list[tuple[int, set[Any], set[Any]]] = []
+    points: list[tuple[int, Counter[Any], Counter[Any]]] = []
 
     def record() -> None:
         lsn = db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")[0][0]

@@ -8,6 +8,7 @@ change rows made here, against a model of the table."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -331,3 +332,87 @@ def test_a_state_written_before_manifests_is_taken_over(spark: Any, tmp_path: Pa
     assert state(tmp_path) == expected
     assert not (target / "_pgdecode_batch-4").exists()
     assert read_state(spark, str(tmp_path), TABLE).count() == 29
+
+
+FULL = [{"name": "a", "type": "integer", "key": True},
+        {"name": "b", "type": "integer", "key": True}]
+
+
+def full_change(op: str, seq: int, commit_lsn: int, old: tuple[int, int] | None,
+                new: tuple[int, int] | None) -> dict[str, Any]:
+    """A change row of a REPLICA IDENTITY FULL table (a int, b int): every column the key,
+    the old row whole."""
+    import json
+
+    def text(row: tuple[int, int] | None) -> list[tuple[str, str | None]] | None:
+        return None if row is None else [("a", str(row[0])), ("b", str(row[1]))]
+
+    def as_json(row: tuple[int, int] | None) -> str | None:
+        return None if row is None else json.dumps({"a": row[0], "b": row[1]})
+
+    return {"schema": "public", "table": "t", "op": op, "seq": seq, "lsn": commit_lsn + seq,
+            "commit_lsn": commit_lsn, "commit_time": None, "key": text(old or new),
+            "before": text(old), "after": text(new), "before_json": as_json(old),
+            "after_json": as_json(new), "unchanged_toast": [], "columns": FULL}
+
+
+def full_state(path: Path) -> Counter[tuple[int, int]]:
+    files = StateFiles.at(str(path), TABLE)
+    found = files.recover()
+    assert found is not None
+    return Counter((r["a"], r["b"]) for r in files.read(list(found.files)).to_pylist())
+
+
+def test_equal_rows_of_a_table_keyed_by_every_column_are_counted(tmp_path: Path) -> None:
+    """A REPLICA IDENTITY FULL table without a primary key: random batches of inserts of
+    rows it may hold already, deletes and updates of one of equal rows, TRUNCATE, in files of
+    5 rows; after each batch the state holds each row as many times as the table does."""
+    r = random.Random(3)
+    table: Counter[tuple[int, int]] = Counter()
+    writer = TableStateWriter(str(tmp_path), file_rows=5)
+    lsn = 1000
+    for batch_id in range(60):
+        rows = []
+        for seq in range(r.choice((1, 4, 15))):
+            lsn += 10
+            present = sorted(table.elements())
+            choice = r.random()
+            new = (r.randrange(4), r.randrange(3))
+            if choice < 0.02:
+                rows.append(full_change("TRUNCATE", seq, lsn, None, None))
+                rows[-1]["key"] = None
+                table.clear()
+            elif choice < 0.5 or not present:
+                rows.append(full_change("INSERT", seq, lsn, None, new))
+                table[new] += 1
+            elif choice < 0.75:
+                old = r.choice(present)
+                rows.append(full_change("DELETE", seq, lsn, old, None))
+                table[old] -= 1
+            else:
+                old = r.choice(present)
+                rows.append(full_change("UPDATE", seq, lsn, old, new))
+                table[old] -= 1
+                table[new] += 1
+        apply(writer, rows, batch_id)
+        assert full_state(tmp_path) == +table, batch_id
+    assert any(n > 1 for n in table.values())
+
+
+def test_a_key_given_later_is_not_looked_for_by_the_old_keys_bounds(tmp_path: Path) -> None:
+    """The FULL table's state is first keyed by every column (file bounds of ``a``); then
+    by its primary key ``b`` (``keys``): a delete finds its row by ``b``, in whichever file
+    it is, not by the bounds of ``a``."""
+    rows = [full_change("INSERT", i, 1000, None, (i, 1000 - i)) for i in range(1, 101)]
+    apply(TableStateWriter(str(tmp_path), file_rows=10), rows, 0)
+    keyed = TableStateWriter(str(tmp_path), file_rows=10, keys={TABLE: ["b"]})
+    info = keyed.keyed(rows_info("public", "t", rows))
+    assert info.key_columns == ("b",) and info.primary
+    gone = [full_change("DELETE", 0, 2000, (5, 995), None),
+            full_change("UPDATE", 1, 2000, (50, 950), (51, 950))]
+    keyed.apply(None, gone, info, 1)
+    expected = Counter((i, 1000 - i) for i in range(1, 101) if i not in (5, 50))
+    expected[(51, 950)] += 1
+    assert full_state(tmp_path) == expected
+    with pytest.raises(ValueError, match="names c"):
+        TableStateWriter(str(tmp_path), keys={TABLE: ["c"]}).keyed(rows_info("public", "t", rows))

@@ -62,6 +62,7 @@ from plugin_framework.sources.errors import (
 from plugin_framework.sources.incremental import request_snapshot
 from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
+from plugin_framework.sources.snapshot import published_tables
 from plugin_framework.sources.walsender import WalsenderSource
 
 
@@ -200,11 +201,24 @@ def cmd_mirror(args: argparse.Namespace) -> int:
                                  max_delay=args.max_delay)
     if args.history:
         args.option.append(f"history-path={args.to.rstrip('/')}/_history")
+    args.option.append("keys=" + json.dumps(mirror_keys(args)))
     if args.create_slot:
         args.two_phase = True  # prepared transactions are delivered at COMMIT PREPARED
     # a batch waiting on --max-delay goes out at a status update at the latest
     args.status_interval = min(args.status_interval, args.max_delay)
     return cmd_stream(args)
+
+
+def mirror_keys(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The published tables' keys, as the catalog has them now (the primary key, else the
+    replica identity index; none where the publication leaves a key column out), for the
+    sinks to key REPLICA IDENTITY FULL tables by (TableSink's ``keys``)."""
+    try:
+        with psycopg.connect(args.dbname or "", autocommit=True) as conn:
+            tables = published_tables(conn, args.publication)
+    except psycopg.Error as exc:
+        raise explain(exc, args.dbname or "", args.slot) from None
+    return {t.qualified: list(t.key) if t.ordered else [] for t in tables}
 
 
 def mirror_options(to: str, fmt: str, checkpoint: str, *, master: str,

@@ -344,9 +344,9 @@ def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
 def typed_net(table: pa.Table, columns: Sequence[tuple[str, str]],
               keys: Sequence[str]) -> pa.Table:
     """``sinks.net_frame`` without Spark: ``typed_rows`` of netchange's net changes, then
-    ``_deleted``, ``_commit_lsn`` and ``_lsn``."""
+    ``_deleted``, ``_commit_lsn``, ``_lsn`` and ``_copies``."""
     out = typed_rows(table, columns, keys)
     for name, source in (("_deleted", "deleted"), ("_commit_lsn", "commit_lsn"),
-                         ("_lsn", "lsn")):
+                         ("_lsn", "lsn"), ("_copies", "copies")):
         out = out.append_column(name, table.column(source))
     return out

@@ -30,22 +30,25 @@ then (``DeltaTable(path).optimize.compact()``, then ``vacuum``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plugin_framework.spark.netchange import net_changes
 from plugin_framework.spark.schemas import Description, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
+    counted,
     fill_rows,
     key_names,
+    key_tuples,
     merge_state,
     net_arrow,
+    net_of,
     state_path,
     state_rows,
+    staying,
 )
 from plugin_framework.spark.tables import TableInfo
 
@@ -83,16 +86,18 @@ class DeltaSink(TableSink):
     """The frame of the sinks that keep Delta tables at ``path/<schema>/<table>``."""
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
-                 on_table: Callable[[str, int], None] | None = None, *, app_id: str = APP_ID,
+                 on_table: Callable[[str, int], None] | None = None, *,
+                 keys: Mapping[str, Sequence[str]] | None = None, app_id: str = APP_ID,
                  storage_options: dict[str, str] | None = None) -> None:
-        """``app_id``: the Delta application id the batch ids are recorded under (one per
-        stream writing the tables); ``storage_options``: deltalake's, for object stores."""
+        """``keys``: as ``TableSink``'s; ``app_id``: the Delta application id the batch ids
+        are recorded under (one per stream writing the tables); ``storage_options``:
+        deltalake's, for object stores."""
         try:
             import deltalake  # noqa: F401
         except ImportError:
             raise ImportError(f"{type(self).__name__} needs the deltalake package: "
                               "pip install 'pgdecode[delta]'") from None
-        super().__init__(path, tables, on_table)
+        super().__init__(path, tables, on_table, keys=keys)
         self.app_id = app_id
         self.storage_options = storage_options
 
@@ -146,7 +151,7 @@ class DeltaTableWriter(DeltaSink):
         pending = self.pending(rows, info, batch_id)
         if pending is None:
             return  # applied already
-        net = net_changes(rows, key_names(info))
+        net = net_of(rows, info)
         table = pending.table
         if table is None or net.truncated:  # no rows before the batch's: its puts
             self.overwrite_arrow(pending, state_rows(net_arrow(spark, net, info), info))
@@ -156,6 +161,9 @@ class DeltaTableWriter(DeltaSink):
             self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
             return
         changes = net_arrow(spark, net, info)
+        if counted(info):
+            self._merge_counted(pending, changes, info)
+            return
         if net.fills:
             changes = fill_arrow(changes, net.fills, info, table)
         names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
@@ -167,6 +175,37 @@ class DeltaTableWriter(DeltaSink):
          .when_matched_delete(f"s.{_DELETED}")
          .when_matched_update(sets, predicate=f"NOT s.{_DELETED}")
          .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
+         .execute())
+
+
+    def _merge_counted(self, pending: Pending, changes: pa.Table, info: TableInfo) -> None:
+        """The MERGE of a ``counted`` table's batch: a MERGE cannot take one of two equal
+        rows, so every target copy of a row the batch counts goes, and the copies that
+        stay go in again, with those the batch adds."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        assert pending.table is not None
+        keys = key_names(info)
+        names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
+        target = target_rows(pending.table, changes.column(keys[0]), info)
+        first: dict[tuple[Any, ...], int] = {}  # a change row of each row counted
+        for i, key in enumerate(key_tuples(changes, keys)):
+            first.setdefault(key, i)
+        counted_rows = pa.array([key in first for key in key_tuples(target, keys)], pa.bool_())
+        stay = target.filter(pc.and_(counted_rows, staying(target, changes, info)))
+        parts = [(changes.take(pa.array(list(first.values()), pa.int64())), True),
+                 (stay, False), (state_rows(changes, info), False)]
+        typed = [utc_table(t.select(names)) for t, _ in parts]
+        schema = pa.schema([f.with_nullable(True).remove_metadata() for f in typed[0].schema])
+        source = pa.concat_tables(
+            [t.cast(schema).append_column(_DELETED, pa.repeat(goes, t.num_rows))
+             for t, (_, goes) in zip(typed, parts, strict=True)])
+        (pending.table.merge(source, f"s.{_DELETED} AND {keys_match(info)}", source_alias="s",
+                             target_alias="t", commit_properties=pending.commit)
+         .when_matched_delete()
+         .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
+                                  predicate=f"NOT s.{_DELETED}")
          .execute())
 
 

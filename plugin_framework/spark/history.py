@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -39,9 +39,11 @@ from plugin_framework.spark.delta import (
     fill_arrow,
     keys_match,
     quote,
+    target_rows,
     utc_table,
 )
 from plugin_framework.spark.netchange import (
+    Counts,
     Gone,
     Key,
     Put,
@@ -50,7 +52,15 @@ from plugin_framework.spark.netchange import (
     put_columns,
     put_schema,
 )
-from plugin_framework.spark.sinks import conform, fill_from, key_names, same_keys, typed_puts
+from plugin_framework.spark.sinks import (
+    conform,
+    counted,
+    fill_from,
+    key_names,
+    key_tuples,
+    same_keys,
+    typed_puts,
+)
 from plugin_framework.spark.tables import TableInfo, column, typed_values
 
 if TYPE_CHECKING:
@@ -79,25 +89,25 @@ class _Version:
 @dataclass
 class HistoryChanges:
     versions: pa.Table  # the versions the batch made (put_columns, op, since, until)
-    ends: pa.Table  # the keys whose version in the target ends, and when (row, at)
+    ends: pa.Table  # the keys whose version in the target ends, when, and how many of
+    # their current versions (row, at, copies: 1 but for a counted table's equal rows)
     truncated_at: At | None  # the target's other current versions end here
     fills: list[str] = field(default_factory=list)  # columns some versions take from the target
 
 
-def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
-                    ) -> HistoryChanges:
+def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str], *,
+                    counted: bool = False) -> HistoryChanges:
     """The versions one table's change rows of a batch make (dicts of NET_COLUMNS, in
-    ``(commit_lsn, seq)`` order), and the target's versions they end."""
-    import pyarrow as pa
-
+    ``(commit_lsn, seq)`` order), and the target's versions they end. ``counted``: the
+    table is keyed by every column and may hold equal rows (``counted_history``)."""
+    if counted:
+        return counted_history(rows, key_columns)
     replay = Replay(tuple(key_columns))
     versions: list[_Version] = []
     current: dict[Key, _Version] = {}  # the batch's open versions
     ends: dict[Key, tuple[Put | Gone | None, Key, At]] = {}
     truncated_at: At | None = None
-    for _, group in itertools.groupby(rows, key=lambda r: int(r["commit_lsn"])):
-        changes = list(group)
-        at = (int(changes[0]["commit_lsn"]), changes[0]["commit_time"])
+    for at, changes in _transactions(rows):
         replay.touched = []
         truncates = False
         for change in changes:
@@ -118,6 +128,58 @@ def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
                 version = _Version(entry, at)
                 versions.append(version)
                 current[key] = version
+    return _history_changes(versions, [(key, None if entry is None else entry.row_json, at, 1)
+                                       for entry, key, at in ends.values()],
+                            truncated_at, key_columns)
+
+
+def counted_history(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
+                    ) -> HistoryChanges:
+    """``history_changes`` of a table keyed by every column, whose equal rows are counted
+    (netchange.Counts): each copy a transaction adds is a version of its own; each copy it
+    takes away ends a version of that row, the batch's own first, else ``copies`` of the
+    target's current ones (the ends)."""
+    versions: list[_Version] = []
+    current: dict[Key, list[_Version]] = {}  # the batch's open versions of each row
+    ends: list[tuple[Key, str | None, At, int]] = []
+    truncated_at: At | None = None
+    for at, changes in _transactions(rows):
+        counts = Counts(tuple(key_columns))
+        for change in changes:
+            counts.apply(change)
+        if counts.truncated:
+            truncated_at = truncated_at or at
+            for version in itertools.chain.from_iterable(current.values()):
+                version.until = at
+            current.clear()
+        for key, entry, n in counts.changed():
+            if n > 0:
+                assert isinstance(entry, Put)
+                for _ in range(n):
+                    versions.append(_Version(entry, at))
+                    current.setdefault(key, []).append(versions[-1])
+                continue
+            mine = current.get(key, [])
+            while n and mine:
+                mine.pop(0).until = at
+                n += 1
+            if n and truncated_at is None:  # after a TRUNCATE the target has none
+                ends.append((key, entry.row_json, at, -n))
+    return _history_changes(versions, ends, truncated_at, key_columns)
+
+
+def _transactions(rows: Sequence[dict[str, Any]]
+                  ) -> Iterator[tuple[At, list[dict[str, Any]]]]:
+    for _, group in itertools.groupby(rows, key=lambda r: int(r["commit_lsn"])):
+        changes = list(group)
+        yield (int(changes[0]["commit_lsn"]), changes[0]["commit_time"]), changes
+
+
+def _history_changes(versions: list[_Version], ends: list[tuple[Key, str | None, At, int]],
+                     truncated_at: At | None, key_columns: Sequence[str]) -> HistoryChanges:
+    """The versions and the ends (key, row_json, at, copies) as HistoryChanges' tables."""
+    import pyarrow as pa
+
     puts = [v.put for v in versions]
     utc = pa.timestamp("us", "UTC")
     table = pa.table({
@@ -128,14 +190,13 @@ def history_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]
         schema=pa.schema([*put_schema(), ("op", pa.string()), ("since_lsn", pa.int64()),
                           ("since", utc), ("until_lsn", pa.int64()), ("until", utc)]))
     text_map = pa.map_(pa.string(), pa.string())
-    end_rows = list(ends.values())
     end_table = pa.table({
-        "row": pa.array([list(zip(key_columns, key, strict=True)) for _, key, _ in end_rows],
+        "row": pa.array([list(zip(key_columns, key, strict=True)) for key, _, _, _ in ends],
                         text_map),
-        "row_json": pa.array([None if e is None else e.row_json for e, _, _ in end_rows],
-                             pa.string()),
-        "at_lsn": pa.array([at[0] for _, _, at in end_rows], pa.int64()),
-        "at": pa.array([at[1] for _, _, at in end_rows], utc)})
+        "row_json": pa.array([row_json for _, row_json, _, _ in ends], pa.string()),
+        "at_lsn": pa.array([at[0] for _, _, at, _ in ends], pa.int64()),
+        "at": pa.array([at[1] for _, _, at, _ in ends], utc),
+        "copies": pa.array([copies for _, _, _, copies in ends], pa.int64())})
     return HistoryChanges(table, end_table, truncated_at, fill_columns(puts))
 
 
@@ -149,7 +210,7 @@ class HistoryWriter(DeltaSink):
         pending = self.pending(rows, info, batch_id)
         if pending is None:
             return  # applied already
-        changes = history_changes(rows, key_names(info))
+        changes = history_changes(rows, key_names(info), counted=counted(info))
         table = pending.table
         if table is not None and (changes.truncated_at is not None or pending.redescribed):
             self._rewrite(spark, pending, changes, info, self._versions(spark, changes, info))
@@ -162,6 +223,10 @@ class HistoryWriter(DeltaSink):
             ends = self._ends(spark, changes, info).toArrow()
         if table is None:
             self.overwrite_arrow(pending, versions.drop_columns(["_fill", *_origins(info)]))
+            return
+        if counted(info):
+            self._merge_counted(pending, versions.drop_columns(["_fill", *_origins(info)]),
+                                ends, info)
             return
         if changes.fills:
             versions = fill_arrow(versions, changes.fills, info, table, current=True)
@@ -178,6 +243,39 @@ class HistoryWriter(DeltaSink):
                      f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
                      source_alias="s", target_alias="t", commit_properties=pending.commit)
          .when_matched_update({**ended, "_is_current": "false"})
+         .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
+                                  predicate=f"NOT s.{_CLOSE}")
+         .execute())
+
+    def _merge_counted(self, pending: Pending, versions: pa.Table, ends: pa.Table,
+                       info: TableInfo) -> None:
+        """The MERGE of a ``counted`` table's batch: a MERGE cannot end some of equal
+        versions, so every current version of a row the batch ends goes, and goes in again,
+        ``ended_copies`` of them ended; the batch's versions are appended."""
+        import pyarrow as pa
+
+        assert pending.table is not None
+        keys = key_names(info)
+        names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
+        ending = set(key_tuples(ends, keys))
+        current = target_rows(pending.table, ends.column(keys[0]), info, current=True)
+        current = current.filter(pa.array([k in ending for k in key_tuples(current, keys)],
+                                          pa.bool_()))
+        first: dict[tuple[Any, ...], int] = {}  # an end of each row
+        for i, key in enumerate(key_tuples(ends, keys)):
+            first.setdefault(key, i)
+        schema = _nullable(utc_table(versions.select(names))).schema
+        parts = [(ends.take(pa.array(list(first.values()), pa.int64())).select(keys), True),
+                 (ended_copies(current, ends, info, None).select(names), False),
+                 (versions.select(names), False)]
+        source = pa.concat_tables(
+            [utc_table(t).cast(pa.schema([schema.field(n) for n in t.column_names]))
+             .append_column(_CLOSE, pa.repeat(close, t.num_rows)) for t, close in parts],
+            promote_options="default")
+        (pending.table.merge(source, f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
+                             source_alias="s", target_alias="t",
+                             commit_properties=pending.commit)
+         .when_matched_delete()
          .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
                                   predicate=f"NOT s.{_CLOSE}")
          .execute())
@@ -205,7 +303,7 @@ class HistoryWriter(DeltaSink):
             *typed_values(F.col("row"), F.col("row_json"),
                           [(k, types[k]) for k in key_names(info)]),
             F.col("at_lsn").alias("_valid_to_lsn"), F.col("at").cast("timestamp")
-            .alias("_valid_to"))
+            .alias("_valid_to"), F.col("copies").alias("_copies"))
 
     def _rewrite(self, spark: Any, pending: Pending, changes: HistoryChanges,
                  info: TableInfo, versions: Any) -> None:
@@ -216,6 +314,14 @@ class HistoryWriter(DeltaSink):
         assert pending.table is not None
         existing = spark.createDataFrame(pending.table.to_pyarrow_table())
         base = conform(existing, info, pending.renamed, versions.schema, VERSION_COLUMNS)
+        if counted(info):  # equal versions: ended in Arrow, as the MERGE's are
+            import pyarrow as pa
+
+            out = versions.drop("_fill", *_origins(info)).select(*base.columns).toArrow()
+            ended = ended_copies(base.toArrow(), self._ends(spark, changes, info).toArrow(),
+                                 info, changes.truncated_at)
+            self.overwrite_arrow(pending, pa.concat_tables([ended.cast(out.schema), out]))
+            return
         keys = key_names(info)
         if changes.fills:
             versions = fill_from(versions, changes.fills, info, base.filter("_is_current"))
@@ -263,8 +369,47 @@ def ends_arrow(changes: HistoryChanges, info: TableInfo) -> pa.Table:
     keys = key_names(info)
     typed = typed_arrays(e.column("row"), e.column("row_json").to_pylist(),
                          [(k, types[k]) for k in keys])
-    return pa.table([*typed, e.column("at_lsn"), e.column("at")],
-                    names=[*keys, "_valid_to_lsn", "_valid_to"])
+    return pa.table([*typed, e.column("at_lsn"), e.column("at"), e.column("copies")],
+                    names=[*keys, "_valid_to_lsn", "_valid_to", "_copies"])
+
+
+def ended_copies(rows: pa.Table, ends: pa.Table, info: TableInfo,
+                 truncated_at: At | None) -> pa.Table:
+    """A ``counted`` table's versions ``rows`` with ``ends`` applied (typed: the row,
+    ``_valid_to_lsn``, ``_valid_to``, ``_copies``): each ends that many of the row's current
+    versions, the oldest first; then, after a TRUNCATE (``truncated_at``), every version
+    still current ends there."""
+    import pyarrow as pa
+
+    keys = key_names(info)
+    since = rows.column("_valid_from_lsn").to_pylist()
+    current = rows.column("_is_current").to_pylist()
+    row_keys = key_tuples(rows, keys)
+    by_row: dict[tuple[Any, ...], list[int]] = {}  # each row's current versions, oldest first
+    for i in sorted(range(rows.num_rows), key=lambda i: (since[i], i)):
+        if current[i]:
+            by_row.setdefault(row_keys[i], []).append(i)
+    until_lsn = rows.column("_valid_to_lsn").to_pylist()
+    until = rows.column("_valid_to").to_pylist()
+    for key, lsn, at, copies in zip(key_tuples(ends, keys),
+                                    ends.column("_valid_to_lsn").to_pylist(),
+                                    ends.column("_valid_to").to_pylist(),
+                                    ends.column("_copies").to_pylist(), strict=True):
+        versions = by_row.get(key, [])
+        for i in versions[:copies]:
+            until_lsn[i], until[i], current[i] = lsn, at, False
+        del versions[:copies]
+    if truncated_at is not None:
+        for i, now in enumerate(current):
+            if now:
+                until_lsn[i], until[i], current[i] = truncated_at[0], truncated_at[1], False
+    out = rows
+    for name, values in (("_valid_to_lsn", until_lsn), ("_valid_to", until),
+                         ("_is_current", current)):
+        position = out.schema.get_field_index(name)
+        out = out.set_column(position, out.schema.field(name),
+                             pa.array(values, out.schema.field(name).type))
+    return out
 
 
 def _nullable(table: pa.Table) -> pa.Table:

@@ -14,11 +14,17 @@ they touch, as a subscriber would apply them:
 - Under REPLICA IDENTITY FULL every column is the key, and the new key is taken once the
   unchanged TOAST values are filled in.
 
+A table keyed by every column (REPLICA IDENTITY FULL, or no replica identity, or a key of
+every column) may hold equal rows, which no key tells apart: PostgreSQL's own subscriber
+inserts each and deletes one at a time. Its batches are netted as counts instead
+(``counted_net``): each row the batch adds or takes away, with how many ``copies``.
+
 The result has one row per key the batch touched: ``deleted`` (the target's row under it
 goes), or the row to put there, with ``fill``: the columns to take from the target's row
-under ``origin``. ``truncated``: the target's rows go before these. Rows are in the change
-schema's text form (``row``: a map of the server's text, ``row_json``: the json emitter's
-typed JSON), so that ``tables.typed_changes``' conversions type them.
+under ``origin``; ``copies`` is 1 (a count only for ``counted_net``). ``truncated``: the
+target's rows go before these. Rows are in the change schema's text form (``row``: a map
+of the server's text, ``row_json``: the json emitter's typed JSON), so that
+``tables.typed_changes``' conversions type them.
 
 This runs in the driver over the batch's rows of the table (the batch is there already:
 both ways in build it there): its cost grows with the batch, not with the target. A batch
@@ -39,7 +45,8 @@ import orjson
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["NET_COLUMNS", "NetChanges", "TableRows", "net_changes", "simple_net"]
+__all__ = ["NET_COLUMNS", "Counts", "NetChanges", "TableRows", "counted_net", "net_changes",
+           "simple_net"]
 
 # What net_changes needs of a batch's change rows
 NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "commit_time", "seq", "key",
@@ -100,6 +107,14 @@ def put_schema() -> list[tuple[str, pa.DataType]]:
             ("fill", pa.list_(pa.string())), ("origin", text_map), ("origin_json", pa.string())]
 
 
+def net_schema() -> pa.Schema:
+    """The schema of ``NetChanges.table``."""
+    import pyarrow as pa
+
+    return pa.schema([*put_schema(), ("commit_lsn", pa.int64()), ("lsn", pa.int64()),
+                      ("copies", pa.int64())])
+
+
 def fill_columns(entries: Sequence[Put | Gone]) -> list[str]:
     return sorted({c for v in entries if isinstance(v, Put) for c in v.fill})
 
@@ -148,11 +163,13 @@ class TableRows(Sequence[dict[str, Any]]):
         return iter(self._dicts())
 
 
-def net_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]) -> NetChanges:
+def net_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str], *,
+                counted: bool = False) -> NetChanges:
     """The net effect of one table's change rows (dicts of NET_COLUMNS, in ``(commit_lsn,
-    seq)`` order); ``key_columns``: the replica identity (every column under FULL)."""
-    import pyarrow as pa
-
+    seq)`` order); ``key_columns``: the replica identity (every column under FULL).
+    ``counted``: the table is keyed by every column and held as a multiset (``counted_net``)."""
+    if counted:
+        return counted_net(rows, key_columns)
     if isinstance(rows, TableRows) and rows.pristine:
         simple = simple_net(rows.arrow, key_columns)
         if simple is not None:
@@ -160,11 +177,90 @@ def net_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]) -> N
     replay = Replay(tuple(key_columns))
     for change in rows:
         replay.apply(change)
-    entries = list(replay.state.values())
+    return _net_table(list(replay.state.values()), [1] * len(replay.state), replay.truncated)
+
+
+def _net_table(entries: Sequence[Put | Gone], copies: Sequence[int],
+               truncated: bool) -> NetChanges:
+    import pyarrow as pa
+
     out = {**put_columns(entries), "commit_lsn": [v.commit_lsn for v in entries],
-           "lsn": [v.lsn for v in entries]}
-    schema = pa.schema([*put_schema(), ("commit_lsn", pa.int64()), ("lsn", pa.int64())])
-    return NetChanges(pa.table(out, schema=schema), replay.truncated, fill_columns(entries))
+           "lsn": [v.lsn for v in entries], "copies": list(copies)}
+    return NetChanges(pa.table(out, schema=net_schema()), truncated, fill_columns(entries))
+
+
+def counted_net(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]) -> NetChanges:
+    """``net_changes`` of a table keyed by every column, as a multiset (``Counts``): one
+    row per distinct row whose count the batch changed, in the order of their last changes:
+    ``deleted`` with the ``copies`` to take away from the target, or the ``copies`` to
+    add."""
+    counts = Counts(tuple(key_columns))
+    for change in rows:
+        counts.apply(change)
+    changed = counts.changed()
+    return _net_table([entry for _, entry, _ in changed], [abs(n) for _, _, n in changed],
+                      counts.truncated)
+
+
+class Counts:
+    """How a batch's changes of a table keyed by every column change the count of each row:
+    INSERT and SNAPSHOT add a copy of their row, DELETE takes a copy of the old row away,
+    UPDATE both (its new row's unchanged TOAST values from the old row, which has them
+    all), TRUNCATE every copy. An UPDATE without its old row left every column, so the row,
+    as it was (a key of every column that did not change)."""
+
+    def __init__(self, key_columns: tuple[str, ...]) -> None:
+        self.replay = Replay(key_columns)  # for key_of and fill_toast
+        self.counts: dict[Key, int] = {}  # in the order of each row's last change
+        self.puts: dict[Key, Put] = {}  # each row's last copy added ...
+        self.gones: dict[Key, Gone] = {}  # ... and taken away
+        self.truncated = False
+
+    def changed(self) -> list[tuple[Key, Put | Gone, int]]:
+        """Each row whose count changed (since a TRUNCATE, if any): its last copy added
+        (the count went up) or taken away (down), and by how much."""
+        return [(key, self.puts[key] if n > 0 else self.gones[key], n)
+                for key, n in self.counts.items() if n]
+
+    def count(self, key: Key, entry: Put | Gone, step: int) -> None:
+        self.counts[key] = self.counts.pop(key, 0) + step
+        if isinstance(entry, Put):
+            self.puts[key] = entry
+        else:
+            self.gones[key] = entry
+
+    def apply(self, change: dict[str, Any]) -> None:
+        op, key_of = change["op"], self.replay.key_of
+        commit_lsn, lsn = int(change["commit_lsn"]), int(change["lsn"])
+        if op == "TRUNCATE":
+            self.counts.clear()
+            self.truncated = True
+        elif op in ("INSERT", "SNAPSHOT"):
+            after = _map(change["after"]) or {}
+            self.count(key_of(after), Put(after, change["after_json"], commit_lsn, lsn, op), 1)
+        elif op == "DELETE":
+            old = _map(change["key"]) or {}
+            self.count(key_of(old), Gone(old, change["before_json"], commit_lsn, lsn), -1)
+        elif op == "UPDATE":
+            before = _map(change["before"])
+            if before is None:
+                return
+            put = Put(_map(change["after"]) or {}, change["after_json"], commit_lsn, lsn,
+                      "UPDATE")
+            toast = list(change["unchanged_toast"] or ())
+            if toast:
+                self.replay.fill_toast(put, toast, before, change, None, before)
+                if put.fill:
+                    raise ValueError(
+                        f"an UPDATE of {change['schema']}.{change['table']} left "
+                        f"{sorted(put.fill)} unchanged without sending the old row's values: "
+                        "a table keyed by every column needs them (REPLICA IDENTITY FULL)")
+            old_key = key_of(before)
+            self.count(old_key, Gone(dict(zip(self.replay.key_columns, old_key, strict=True)),
+                                     change["before_json"], commit_lsn, lsn), -1)
+            self.count(key_of(put.row), put, 1)
+        else:
+            raise ValueError(f"unknown change op {op!r}")
 
 
 class Replay:
@@ -302,6 +398,6 @@ def simple_net(changes: pa.Table, key_columns: Sequence[str]) -> NetChanges | No
         "origin": pa.nulls(n, text_map), "origin_json": pa.nulls(n, pa.string()),
         "commit_lsn": changes.column("commit_lsn").cast(pa.int64()),
         "lsn": changes.column("lsn").cast(pa.int64()),
+        "copies": pa.repeat(pa.scalar(1, pa.int64()), n),
     }
-    schema = pa.schema([*put_schema(), ("commit_lsn", pa.int64()), ("lsn", pa.int64())])
-    return NetChanges(pa.table(out, schema=schema), False, [])
+    return NetChanges(pa.table(out, schema=net_schema()), False, [])

@@ -20,16 +20,17 @@ can write), or the local file system when the session has no JVM gateway (Spark 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changes import local_rows
-from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, TableRows
+from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, TableRows, net_changes
 from plugin_framework.spark.schemas import SchemaChangeError
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
@@ -197,17 +198,23 @@ class TableSink:
     ``(commit_lsn, seq)`` order) with ``apply``."""
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
-                 on_table: Callable[[str, int], None] | None = None) -> None:
+                 on_table: Callable[[str, int], None] | None = None, *,
+                 keys: Mapping[str, Sequence[str]] | None = None) -> None:
         """``tables``: only these (``schema.table``); ``on_table(table, batch_id)`` is called
-        after each table's new state is in place."""
+        after each table's new state is in place. ``keys``: the primary key of tables
+        (``schema.table`` -> its columns; empty: the table has none) whose change rows mark
+        every column as the key (REPLICA IDENTITY FULL; a key of every column): they are
+        keyed by it, rather than held as a multiset of rows (``counted``). Other tables are
+        keyed by their replica identity, as the stream sends it."""
         self.path = path
         self.tables = None if tables is None else set(tables)
         self.on_table = on_table
+        self.keys = dict(keys or {})
 
     def __call__(self, df: Any, batch_id: int) -> None:
         spark = df.sparkSession
         for (schema, table), rows in sorted(batch_rows(df).items()):
-            info = rows_info(schema, table, rows)
+            info = self.keyed(rows_info(schema, table, rows))
             if self.tables is not None and info.qualified_name not in self.tables:
                 continue
             self.apply(spark, rows, info, batch_id)
@@ -218,15 +225,43 @@ class TableSink:
               batch_id: int) -> None:
         raise NotImplementedError
 
+    def keyed(self, info: TableInfo) -> TableInfo:
+        """``info`` with the key ``keys`` gives it, where its rows mark every column."""
+        key = self.keys.get(info.qualified_name)
+        if key is None or len(key_names(info)) != len(info.columns):
+            return info
+        names = [name for name, _, _ in info.columns]
+        unknown = [k for k in key if k not in names]
+        if unknown:
+            raise ValueError(f"the key given for {info.qualified_name} ({', '.join(key)}) names "
+                             f"{', '.join(unknown)}, which its rows do not have (columns: "
+                             f"{', '.join(names)}): give its key as the table has it now")
+        return dataclasses.replace(info, primary=bool(key), columns=tuple(
+            (name, pg, not key or name in key) for name, pg, _ in info.columns))
+
 
 def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
     """The net changes as a typed DataFrame: the table's columns (the row to put, or the key
     that goes), ``_deleted``, ``_fill`` (the columns to take from the target's row under
-    the key ``_o_<key>``), ``_commit_lsn`` and ``_lsn``."""
+    the key ``_o_<key>``), ``_commit_lsn``, ``_lsn`` and ``_copies``."""
     from pyspark.sql import functions as F
 
     return typed_puts(spark, net.table, info, F.col("deleted").alias("_deleted"),
-                      F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"))
+                      F.col("commit_lsn").alias("_commit_lsn"), F.col("lsn").alias("_lsn"),
+                      F.col("copies").alias("_copies"))
+
+
+def net_of(rows: Sequence[dict[str, Any]], info: TableInfo) -> NetChanges:
+    """``netchange.net_changes`` of a table's rows, counted where the table is keyed by
+    every column (``counted``)."""
+    return net_changes(rows, key_names(info), counted=counted(info))
+
+
+def counted(info: TableInfo) -> bool:
+    """Whether the mirrors hold the table as a multiset: its key is every column
+    (REPLICA IDENTITY FULL, none, or a key of every column), so equal rows can only be
+    counted (netchange.counted_net)."""
+    return not info.primary and len(key_names(info)) == len(info.columns)
 
 
 def net_arrow(spark: Any, net: NetChanges, info: TableInfo) -> pa.Table:
@@ -250,10 +285,36 @@ def state_rows(changes: pa.Table, info: TableInfo) -> pa.Table:
     names = [name for name, _, _ in info.columns]
     types = {name: pg for name, pg, _ in info.columns}
     kept = changes.filter(pc.invert(changes.column("_deleted")))
+    if kept.num_rows and pc.max(kept.column("_copies")).as_py() > 1:  # equal rows, counted
+        copies = kept.column("_copies").to_pylist()
+        kept = kept.take(pa.array([i for i, n in enumerate(copies) for _ in range(n)],
+                                  pa.int64()))
     fields = [kept.schema.field(n).with_metadata(
         {_SPARK_METADATA: json.dumps({"pg_type": types[n]})}) for n in names]
     schema = pa.schema([*fields, kept.schema.field("_commit_lsn"), kept.schema.field("_lsn")])
     return kept.select([*names, "_commit_lsn", "_lsn"]).cast(schema)
+
+
+def staying(base: pa.Table, changes: pa.Table, info: TableInfo) -> pa.Array:
+    """Which rows of ``base`` (a target's, of a ``counted`` table) stay when ``changes``
+    (its typed net changes) take their copies away: of equal rows, the first go. A copy the
+    target does not have is not taken (as a key the target does not have)."""
+    import pyarrow as pa
+
+    names = key_names(info)
+    gone: dict[tuple[Any, ...], int] = {}
+    for key, deleted, copies in zip(key_tuples(changes, names),
+                                    changes.column("_deleted").to_pylist(),
+                                    changes.column("_copies").to_pylist(), strict=True):
+        if deleted:
+            gone[key] = gone.get(key, 0) + copies
+    keep = []
+    for key in key_tuples(base, names):
+        left = gone.get(key, 0)
+        if left:
+            gone[key] = left - 1
+        keep.append(not left)
+    return pa.array(keep, pa.bool_())
 
 
 def typed_puts(spark: Any, table: pa.Table, info: TableInfo, *extra: Any) -> Any:
@@ -334,12 +395,15 @@ def key_tuples(rows: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
     columns = []
     for name in names:
         values = _comparable(rows.column(name)).to_pylist()
+        dtype = rows.schema.field(name).type
         columns.append([_hashable(v) for v in values]
-                       if pa.types.is_nested(rows.schema.field(name).type) else values)
+                       if pa.types.is_nested(dtype) or pa.types.is_floating(dtype) else values)
     return list(zip(*columns, strict=True)) if columns else [()] * rows.num_rows
 
 
 def _hashable(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return "NaN"  # equal to every NaN, as PostgreSQL's float equality has it
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
@@ -365,6 +429,7 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     unchanged TOAST values taken from the existing rows they began with, the other rows as
     they were (their ``_commit_lsn`` included). ``renamed``: the existing columns' names in
     the batch's description (schemas.py; None: the same names)."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
     names = [name for name, _, _ in info.columns]
@@ -372,6 +437,16 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     changes = net_frame(spark, net, info)
     out = [*[column(n).alias(n, metadata={"pg_type": types[n]}) for n in names],
            F.col("_commit_lsn"), F.col("_lsn")]
+    if counted(info):  # equal rows: counted in Arrow, as the sinks' batches are
+        typed = changes.toArrow()
+        rows = state_rows(typed, info)
+        if existing is not None and not net.truncated:
+            target = conform(existing, info, renamed, changes.schema,
+                             [("_commit_lsn", "bigint"), ("_lsn", "bigint")]
+                             ).select(*out).toArrow()
+            target = target.filter(staying(target, typed, info)).cast(rows.schema)
+            rows = pa.concat_tables([target, rows])
+        return spark.createDataFrame(rows).select(*out)
     if existing is None or net.truncated:
         return changes.filter(~F.col("_deleted")).select(*out)
 

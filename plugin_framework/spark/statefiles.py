@@ -52,21 +52,23 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.netchange import net_changes
 from plugin_framework.spark.schemas import Description, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
+    counted,
     fill_rows,
     key_names,
     key_tuples,
     merge_state,
     net_arrow,
+    net_of,
     state_path,
     state_rows,
+    staying,
 )
 from plugin_framework.spark.tables import TableInfo, spark_type
 
@@ -88,18 +90,24 @@ _PENDING = re.compile(r"pending-(\d+)")
 class Manifest:
     """A table's state: its files (name -> rows, in the order written), the batch that
     wrote it, the PostgreSQL description of its columns (None: not known), and, for integer
-    and text keys, each file's bounds of the first key column (``[low, high, has_nulls]``;
-    absent: unknown)."""
+    and text keys, each file's bounds of the first key column, ``bounded`` (``[low, high,
+    has_nulls]``; absent: unknown)."""
 
     batch: int
     files: dict[str, int]
     description: Description | None
     bounds: dict[str, list[Any]] = field(default_factory=dict)
+    bounded: str | None = None  # None: written before the manifest said (the first key)
 
     def dumps(self) -> bytes:
         return json.dumps({"batch": self.batch, "files": self.files,
-                           "description": self.description, "bounds": self.bounds},
-                          ensure_ascii=False).encode()
+                           "description": self.description, "bounds": self.bounds,
+                           "bounded": self.bounded}, ensure_ascii=False).encode()
+
+    def bounds_of(self, key: str) -> dict[str, list[Any]]:
+        """The bounds, if they are of column ``key`` (a table's key can change: a primary
+        key added, another replica identity)."""
+        return self.bounds if self.bounded in (None, key) else {}
 
     @classmethod
     def loads(cls, data: bytes) -> Manifest:
@@ -108,7 +116,7 @@ class Manifest:
         return cls(int(raw["batch"]), {str(k): int(v) for k, v in raw["files"].items()},
                    None if description is None else tuple((str(n), str(t))
                                                           for n, t in description),
-                   dict(raw.get("bounds") or {}))
+                   dict(raw.get("bounds") or {}), raw.get("bounded"))
 
 
 class StateFiles:
@@ -266,8 +274,9 @@ class StateFiles:
         values = sorted(pc.unique(wanted.drop_null()).to_pylist())
         nulls = wanted.null_count > 0
         out = []
+        bounds = manifest.bounds_of(key)
         for name in manifest.files:
-            bound = manifest.bounds.get(name)
+            bound = bounds.get(name)
             if bound is not None:
                 low, high, has_nulls = bound  # low and high None: no key but NULLs
                 at = len(values) if low is None else bisect.bisect_left(values, low)
@@ -324,12 +333,14 @@ class TableStateWriter(TableSink):
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
-                 file_rows: int = FILE_ROWS, filesystem: pafs.FileSystem | None = None) -> None:
-        """``file_rows``: the most rows a file holds; ``filesystem``: a
-        ``pyarrow.fs.FileSystem`` that ``path`` is on (default: by the path's scheme)."""
+                 keys: Mapping[str, Sequence[str]] | None = None, file_rows: int = FILE_ROWS,
+                 filesystem: pafs.FileSystem | None = None) -> None:
+        """``keys``: as ``TableSink``'s; ``file_rows``: the most rows a file holds;
+        ``filesystem``: a ``pyarrow.fs.FileSystem`` that ``path`` is on (default: by the
+        path's scheme)."""
         if file_rows < 1:
             raise ValueError(f"file_rows must be at least 1, not {file_rows}")
-        super().__init__(path, tables, on_table)
+        super().__init__(path, tables, on_table, keys=keys)
         self.file_rows = file_rows
         self.filesystem = filesystem
 
@@ -341,7 +352,7 @@ class TableStateWriter(TableSink):
             return  # applied already
         stored = None if manifest is None else manifest.description
         description, renamed = describe_rows(info.qualified_name, rows, stored)
-        net = net_changes(rows, key_names(info))
+        net = net_of(rows, info)
         if manifest is None or net.truncated:  # no rows before the batch's: its puts
             state = state_rows(net_arrow(spark, net, info), info)
             self._write(files, info, Manifest(batch_id, {}, description), state)
@@ -369,9 +380,13 @@ class TableStateWriter(TableSink):
         if net.fills:
             changes = fill_rows(changes, net.fills, info, base)
             puts = state_rows(changes, info)
-        state = _concat_tables(base.filter(pc.invert(_among(base, changes, keys))), puts)
+        if counted(info):  # equal rows: copies taken away, copies added
+            state = _concat_tables(base.filter(staying(base, changes, info)), puts)
+        else:
+            state = _concat_tables(base.filter(pc.invert(_among(base, changes, keys))), puts)
         kept = Manifest(batch_id, {n: r for n, r in manifest.files.items() if n not in read},
-                        description, {n: b for n, b in manifest.bounds.items() if n not in read})
+                        description, {n: b for n, b in manifest.bounds_of(keys[0]).items()
+                                      if n not in read})
         self._write(files, info, kept, state)
 
     def _write(self, files: StateFiles, info: TableInfo, manifest: Manifest,
@@ -382,6 +397,7 @@ class TableStateWriter(TableSink):
         rows = _sorted(rows, keys)
         rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}),
                                              _SPARK_ROW_METADATA: spark_schema_json(info)})
+        manifest.bounded = keys[0]
         count = max(1, math.ceil(rows.num_rows / self.file_rows))
         if rows.num_rows == 0 and manifest.files:
             count = 0  # other files hold the table's rows (and its schema)

@@ -93,6 +93,7 @@ class TableInfo:
     table: str
     columns: tuple[tuple[str, str, bool], ...]  # name, PostgreSQL type, is key
     rows: int = 0
+    primary: bool = False  # the key is known to tell rows apart, even if it is every column
 
     @property
     def qualified_name(self) -> str:
