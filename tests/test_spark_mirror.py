@@ -105,6 +105,9 @@ def run_workload(conn: Any, seed: int, transactions: int,
     one = "ctid = (SELECT ctid FROM m_full WHERE a = 7 AND b = 'same' LIMIT 1)"
     ex(f"UPDATE m_full SET b = 'changed' WHERE {one}")
     ex(f"DELETE FROM m_full WHERE {one}")
+    # its description changes too: the states are rewritten, equal rows counted
+    ex("ALTER TABLE m_full ADD COLUMN extra int")
+    ex(f"UPDATE m_full SET extra = 1 WHERE {one}")
     # The table's description changes: each column keeps its data (or goes)
     for statement in (
             "ALTER TABLE m_pk RENAME COLUMN note TO remark",

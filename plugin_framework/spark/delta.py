@@ -177,7 +177,6 @@ class DeltaTableWriter(DeltaSink):
          .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
          .execute())
 
-
     def _merge_counted(self, pending: Pending, changes: pa.Table, info: TableInfo) -> None:
         """The MERGE of a ``counted`` table's batch: a MERGE cannot take one of two equal
         rows, so every target copy of a row the batch counts goes, and the copies that
