@@ -352,6 +352,35 @@ def test_stream_reader_reads_a_batch_again_after_a_restart(db: Any) -> None:
     assert gids == [["open"]]
 
 
+def test_stream_reader_has_the_server_decode_each_transaction_about_once(db: Any) -> None:
+    """The reader driven as Spark drives it (the next batch planned before the last one is
+    committed), in batches of 250 rows over 40 transactions of 100: every row once, and
+    the server decodes each transaction about once (pg_stat_replication_slots), not again
+    for every batch that follows it."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "once")
+    for i in range(40):
+        db.execute("INSERT INTO t SELECT g, 'v' FROM generate_series(%s::int, %s::int) g",
+                   (i * 100 + 1, i * 100 + 100))
+    _end(db)
+    reader = PgoutputStreamReader(SourceOptions.parse(
+        {"dsn": db.conninfo, "slot": slot, "publication": "p"}))
+    start, seen, committed = reader.initialOffset(), [], None
+    while (end := reader.latestOffset(start, ReadMaxRows(250))) != start:
+        if committed is not None:
+            reader.commit(committed)  # Spark commits the last batch after planning this one
+        for part in reader.partitions(start, end):
+            for batch in reader.read(part):
+                seen += batch.column("after").to_pylist()
+        start = committed = end
+    assert sorted(int(dict(row)["id"]) for row in seen) == list(range(1, 4001))
+    decoded = db.execute("SELECT total_txns FROM pg_stat_replication_slots "
+                         "WHERE slot_name = %s", (slot,))[0][0]
+    assert 40 <= decoded <= 60, decoded
+
+
 # --- types ----------------------------------------------------------------------------------------
 
 

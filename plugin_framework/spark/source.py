@@ -21,8 +21,9 @@ to the executors inside its input partitions, as Arrow IPC.
 
 Options: ``dsn``, ``slot``, ``publication`` (comma-separated), ``createSlot`` (false; creates
 a two-phase slot, so that prepared transactions keep their gid), ``maxChangesPerBatch``
-(100000; Spark's read limit), ``rowsPerPartition`` (50000), ``idleAdvanceBytes`` (16 MB: how
-much WAL without changes for us lets an empty batch move the slot on), ``protoVersion``,
+(100000; Spark's read limit, see ``latestOffset``), ``rowsPerPartition`` (50000),
+``idleAdvanceBytes`` (16 MB: how much WAL without changes for us lets an empty batch move
+the slot on), ``protoVersion``,
 ``streaming`` (on), ``snapshot`` (``never``, or ``initial``: a query that starts without a
 checkpoint first copies the published tables into the stream, see source_snapshot.py),
 ``snapshotTables`` (comma-separated: the tables to copy, default all published),
@@ -35,6 +36,7 @@ peek), with the same options.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -142,6 +144,7 @@ class Decoded:
     idle_end: LSN | None  # no rows, nothing in flight: the WAL flush position read up to
     snapshot: IncrementalSnapshot | None = None  # the snapshot side of the peek
     snapshot_taken: bool = False  # its chunk is in the rows
+    messages: int = 0  # the messages the server decoded for the rows, up to ``end``
 
 
 def _connect(opts: SourceOptions) -> psycopg.Connection[Any]:
@@ -174,12 +177,19 @@ def flush_position(opts: SourceOptions) -> LSN:
 
 def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
                 limit: int | None = None, upto: LSN | None = None,
-                snapshot: Make | None = None) -> Decoded:
+                snapshot: Make | None = None, window: int | None = None) -> Decoded:
     """Peek at the slot and collect the committed transactions ending after ``start``: up to
     and including ``end`` if given (a batch read again), else as many whole transactions as
     make ``limit`` rows, up to the WAL flushed at ``upto`` (default: now). ``snapshot``: the
-    maker of a snapshot whose chunk the stream may deliver (source_snapshot.py)."""
-    nchanges = None if limit is None or end is not None else max(4 * limit, 10_000)
+    maker of a snapshot whose chunk the stream may deliver (source_snapshot.py).
+
+    The server decodes every message of a peek's window before it returns any, and the next
+    peek decodes again what this one did not take: ``window`` is how many messages to ask
+    for (default: ample for ``limit``). When the window ends before ``limit`` rows, the
+    transactions it holds are the batch; only a window without one whole transaction is
+    asked for again, four times as large."""
+    nchanges = None if limit is None or end is not None else \
+        (window or max(4 * limit, 10_000))
     while True:
         decoded, truncated = _peek(opts, start, end, limit, upto, nchanges,
                                    None if snapshot is None else snapshot())
@@ -214,7 +224,7 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
             snap.pipeline = pipeline
             if snap.window is not None:
                 snap.window.rewind()
-        returned = 0
+        returned = used = 0  # messages read; up to the last transaction taken
         try:
             with conn.cursor(name="pgdecode_peek") as cur:
                 cur.itersize = 2000
@@ -222,11 +232,14 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
                     "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
                     "%s, %s::pg_lsn, %s, VARIADIC %s::text[])",
                     (opts.slot, str(stop_at), nchanges, flat))
+                taken = collector.last_end
                 for lsn, data in cur:
                     returned += 1
                     raw, at = bytes(data), LSN(lsn)
                     if snap is None or not snap.intercept(raw, at):
                         pipeline.feed(raw, at)
+                    if collector.last_end != taken:
+                        taken, used = collector.last_end, returned
                     if collector.full or collector.done:
                         break
         except psycopg.Error as exc:
@@ -234,13 +247,14 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
         finally:
             conn.rollback()
         ack = pipeline.flush()
-        if not (collector.full or collector.done) and nchanges is not None \
-                and returned >= nchanges:
-            return None, True
         rows, last_end = builder.rows, collector.last_end
+        if not (collector.full or collector.done) and nchanges is not None \
+                and returned >= nchanges and last_end is None:
+            return None, True
         if last_end is not None:
             return Decoded(builder.to_arrow() if rows else None, rows, last_end,
-                           min(ack, last_end), None, snap, collector.snapshot_taken), False
+                           min(ack, last_end), None, snap, collector.snapshot_taken,
+                           used), False
         idle = flush if not pipeline.in_flight and pipeline.at_boundary else None
         return Decoded(None, 0, None, ack, idle, snap), False
 
@@ -309,6 +323,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: LSN | None = None
         self._snapshot = SourceSnapshot(options)
         self._metrics: SourceMetrics | None = None
+        self._per_row = 1.25  # messages per row, as the last batch's peek had them
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark ships the reader to its executors for read(): the metrics stay here
@@ -338,6 +353,11 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = flush_position(self.opts)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Spark runs one batch at a time: it asks for the next batch's end only once the
+        # batch ending at ``start`` is done and in its commit log. It calls commit() for
+        # that batch later, after planning the next one; moving the slot now spares the
+        # server decoding that batch again in this peek.
+        advance_slot(self.opts, LSN(start.get("ack", start["lsn"])))
         begin = LSN(start["lsn"])
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         progress = start.get("snapshot")
@@ -345,7 +365,13 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         upto, high = self._target, self._snapshot.high
         if upto is not None and high is not None:
             upto = max(upto, high)  # availableNow: the snapshot is available now too
-        decoded = decode_slot(self.opts, begin, limit=max_rows, upto=upto, snapshot=make)
+        # a window a quarter larger than the messages of max_rows rows (as many per row as
+        # in the last batch): the server decodes what the batch takes, and a little more
+        window = None if max_rows is None else math.ceil(max_rows * self._per_row * 1.25)
+        decoded = decode_slot(self.opts, begin, limit=max_rows, upto=upto, snapshot=make,
+                              window=window)
+        if decoded.rows and not decoded.snapshot_taken:  # a chunk's rows are no messages
+            self._per_row = decoded.messages / decoded.rows
         entries = self._snapshot.settle(decoded.snapshot, decoded.snapshot_taken)
         # a chunk still waiting: the slot stays before its low watermark (read again)
         waiting = self._snapshot.low
