@@ -202,67 +202,6 @@ def counted_net(rows: Sequence[dict[str, Any]], key_columns: Sequence[str]) -> N
                       counts.truncated)
 
 
-class Counts:
-    """How a batch's changes of a table keyed by every column change the count of each row:
-    INSERT and SNAPSHOT add a copy of their row, DELETE takes a copy of the old row away,
-    UPDATE both (its new row's unchanged TOAST values from the old row, which has them
-    all), TRUNCATE every copy. An UPDATE without its old row left every column, so the row,
-    as it was (a key of every column that did not change)."""
-
-    def __init__(self, key_columns: tuple[str, ...]) -> None:
-        self.replay = Replay(key_columns)  # for key_of and fill_toast
-        self.counts: dict[Key, int] = {}  # in the order of each row's last change
-        self.puts: dict[Key, Put] = {}  # each row's last copy added ...
-        self.gones: dict[Key, Gone] = {}  # ... and taken away
-        self.truncated = False
-
-    def changed(self) -> list[tuple[Key, Put | Gone, int]]:
-        """Each row whose count changed (since a TRUNCATE, if any): its last copy added
-        (the count went up) or taken away (down), and by how much."""
-        return [(key, self.puts[key] if n > 0 else self.gones[key], n)
-                for key, n in self.counts.items() if n]
-
-    def count(self, key: Key, entry: Put | Gone, step: int) -> None:
-        self.counts[key] = self.counts.pop(key, 0) + step
-        if isinstance(entry, Put):
-            self.puts[key] = entry
-        else:
-            self.gones[key] = entry
-
-    def apply(self, change: dict[str, Any]) -> None:
-        op, key_of = change["op"], self.replay.key_of
-        commit_lsn, lsn = int(change["commit_lsn"]), int(change["lsn"])
-        if op == "TRUNCATE":
-            self.counts.clear()
-            self.truncated = True
-        elif op in ("INSERT", "SNAPSHOT"):
-            after = _map(change["after"]) or {}
-            self.count(key_of(after), Put(after, change["after_json"], commit_lsn, lsn, op), 1)
-        elif op == "DELETE":
-            old = _map(change["key"]) or {}
-            self.count(key_of(old), Gone(old, change["before_json"], commit_lsn, lsn), -1)
-        elif op == "UPDATE":
-            before = _map(change["before"])
-            if before is None:
-                return
-            put = Put(_map(change["after"]) or {}, change["after_json"], commit_lsn, lsn,
-                      "UPDATE")
-            toast = list(change["unchanged_toast"] or ())
-            if toast:
-                self.replay.fill_toast(put, toast, before, change, None, before)
-                if put.fill:
-                    raise ValueError(
-                        f"an UPDATE of {change['schema']}.{change['table']} left "
-                        f"{sorted(put.fill)} unchanged without sending the old row's values: "
-                        "a table keyed by every column needs them (REPLICA IDENTITY FULL)")
-            old_key = key_of(before)
-            self.count(old_key, Gone(dict(zip(self.replay.key_columns, old_key, strict=True)),
-                                     change["before_json"], commit_lsn, lsn), -1)
-            self.count(key_of(put.row), put, 1)
-        else:
-            raise ValueError(f"unknown change op {op!r}")
-
-
 class Replay:
     """The keys a batch touched, as its changes leave them."""
 
@@ -284,8 +223,7 @@ class Replay:
         op = change["op"]
         commit_lsn, lsn = int(change["commit_lsn"]), int(change["lsn"])
         if op == "TRUNCATE":
-            self.state.clear()
-            self.truncated = True
+            self.truncate()
         elif op in ("INSERT", "SNAPSHOT"):
             after = _map(change["after"]) or {}
             self.put(self.key_of(after), Put(after, change["after_json"], commit_lsn, lsn, op))
@@ -296,6 +234,10 @@ class Replay:
             self.update(change, commit_lsn, lsn)
         else:
             raise ValueError(f"unknown change op {op!r}")
+
+    def truncate(self) -> None:
+        self.state.clear()
+        self.truncated = True
 
     def update(self, change: dict[str, Any], commit_lsn: int, lsn: int) -> None:
         before = _map(change["before"])
@@ -343,6 +285,56 @@ class Replay:
             row_json = orjson.loads(put.row_json or "{}")
             row_json.update(known)
             put.row_json = orjson.dumps(row_json).decode()
+
+
+class Counts(Replay):
+    """How a batch's changes of a table keyed by every column change the count of each row:
+    INSERT and SNAPSHOT add a copy of their row, DELETE takes a copy of the old row away,
+    UPDATE both (its new row's unchanged TOAST values from the old row, which has them
+    all), TRUNCATE every copy. An UPDATE without its old row left every column, so the row,
+    as it was (a key of every column that did not change)."""
+
+    def __init__(self, key_columns: tuple[str, ...]) -> None:
+        super().__init__(key_columns)
+        self.counts: dict[Key, int] = {}  # in the order of each row's last change
+        self.puts: dict[Key, Put] = {}  # each row's last copy added ...
+        self.gones: dict[Key, Gone] = {}  # ... and taken away
+
+    def changed(self) -> list[tuple[Key, Put | Gone, int]]:
+        """Each row whose count changed (since a TRUNCATE, if any): its last copy added
+        (the count went up) or taken away (down), and by how much."""
+        return [(key, self.puts[key] if n > 0 else self.gones[key], n)
+                for key, n in self.counts.items() if n]
+
+    def put(self, key: Key, entry: Put | Gone) -> None:
+        """A copy of the row added (a Put) or taken away (a Gone)."""
+        self.counts[key] = self.counts.pop(key, 0) + (1 if isinstance(entry, Put) else -1)
+        if isinstance(entry, Put):
+            self.puts[key] = entry
+        else:
+            self.gones[key] = entry
+
+    def truncate(self) -> None:
+        self.counts.clear()
+        self.truncated = True
+
+    def update(self, change: dict[str, Any], commit_lsn: int, lsn: int) -> None:
+        before = _map(change["before"])
+        if before is None:
+            return
+        put = Put(_map(change["after"]) or {}, change["after_json"], commit_lsn, lsn, "UPDATE")
+        toast = list(change["unchanged_toast"] or ())
+        if toast:
+            self.fill_toast(put, toast, before, change, None, before)
+            if put.fill:
+                raise ValueError(
+                    f"an UPDATE of {change['schema']}.{change['table']} left "
+                    f"{sorted(put.fill)} unchanged without sending the old row's values: "
+                    "a table keyed by every column needs them (REPLICA IDENTITY FULL)")
+        old_key = self.key_of(before)
+        self.put(old_key, Gone(dict(zip(self.key_columns, old_key, strict=True)),
+                               change["before_json"], commit_lsn, lsn))
+        self.put(self.key_of(put.row), put)
 
 
 _ROW_OPS = ("INSERT", "SNAPSHOT", "UPDATE", "DELETE")
