@@ -4,7 +4,7 @@ captured stream, in the same run.
 
     python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
-                                        [--mirror] [--into N,...]
+                                        [--mirror] [--into N,...] [--source]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
 inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
@@ -27,6 +27,13 @@ message, from the first message to the end of shutdown (everything delivered):
   100,000 before the workload and mirrored through the spark emitter, untimed), with the
   sink's seconds per batch: #16 asks 20,000 changes/s into 1,000,000 rows and at most 1.5
   times the seconds per batch into 10 times as many.
+
+- source count (with --source): the Structured Streaming source instead of the emitter,
+  ``readStream.format("pgoutput")`` with maxChangesPerBatch = each --batch-rows,
+  ``trigger(availableNow=True)``, foreachBatch running ``df.count()``, on a copy of a slot
+  that holds the workload (the cluster stays up for it), with the transactions the server
+  decoded per workload transaction (``pg_stat_replication_slots.total_txns``): #16 asks
+  that it decode each change once.
 
 Spark runs as ``local[2]``; one warm-up batch goes first. It prints numbers and never judges
 them: no thresholds, exit status 0.
@@ -62,6 +69,7 @@ from workload import (  # bench/ is not a package
 from plugin_framework import LSN, FileOutput, Pipeline
 
 SLOT = "bench_spark"
+SOURCE_SLOT = "bench_source"  # the workload, for --source (copied for each run)
 
 Frame = tuple[LSN, bytes]
 
@@ -74,11 +82,12 @@ SEED_TX = 100_000  # rows per transaction of the seed (--into)
 Seeder = Callable[[list[Frame], int], None]  # takes the seed's frames, one transaction at a time
 
 
-def capture(bindir: Path, changes: int, *, seed: int = 0,
-            seeder: Seeder | None = None) -> tuple[list[Frame], int]:
+def capture(bindir: Path, changes: int, *, seed: int = 0, seeder: Seeder | None = None,
+            source: Callable[[str], None] | None = None) -> tuple[list[Frame], int]:
     """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16); with
     ``seed``, the table gets rows -1 to -seed first, whose messages go to ``seeder``, a
-    transaction at a time, as they are decoded."""
+    transaction at a time, as they are decoded. ``source(conninfo)`` runs once they are
+    captured, with slot SOURCE_SLOT holding the workload."""
     from plugin_framework.cluster import LocalCluster
 
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
@@ -103,11 +112,16 @@ def capture(bindir: Path, changes: int, *, seed: int = 0,
                     assert seeder is not None
                     seeder([(LSN(lsn), bytes(data)) for lsn, data in rows], proto)
                 print(f"  seeded in {time.perf_counter() - started:.1f} s", flush=True)
+            if source is not None:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, "
+                             "true)", [SOURCE_SLOT])
             print(f"server {version} ({bindir}); running {changes:,} changes ...", flush=True)
             started = time.perf_counter()
             run_workload(conn, changes)
             print(f"  workload {time.perf_counter() - started:.1f} s", flush=True)
             rows = conn.execute(get, [SLOT, None, str(proto), PUBLICATION]).fetchall()
+        if source is not None:
+            source(cluster.conninfo())
         return [(LSN(lsn), bytes(data)) for lsn, data in rows], proto
     finally:
         cluster.cleanup()
@@ -235,6 +249,48 @@ def run_into(frames: Sequence[Frame], proto: int, work: Path, spark: Any, batch_
     return seconds, batches, sum(spent) / max(1, len(spent))
 
 
+class SourceRuns:
+    """--source: the Structured Streaming source on copies of SOURCE_SLOT, timed while the
+    capture's cluster is up (``__call__``), reported with the others."""
+
+    def __init__(self, work: Path, spark: Any, sizes: Sequence[int], runs: int) -> None:
+        self.work, self.spark, self.sizes, self.runs = work, spark, sizes, runs
+        self.results: list[tuple[int, float, int, int]] = []  # size, seconds, batches, txns
+
+    def __call__(self, conninfo: str) -> None:
+        from plugin_framework.spark import PgoutputDataSource
+
+        self.spark.dataSource.register(PgoutputDataSource)
+        for size in self.sizes:
+            runs = [self.run(conninfo, size) for _ in range(self.runs)]
+            self.results.append((size, *min(runs)))
+
+    def run(self, conninfo: str, size: int) -> tuple[float, int, int]:
+        """(seconds, batches, transactions the server decoded)."""
+        slot = f"{SOURCE_SLOT}_run"
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", [slot])
+            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", [SOURCE_SLOT, slot])
+        checkpoint = self.work / "source-checkpoint"
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        batches: list[int] = []
+        gc.collect()
+        started = time.perf_counter()
+        query = (self.spark.readStream.format("pgoutput").option("dsn", conninfo)
+                 .option("slot", slot).option("publication", PUBLICATION)
+                 .option("maxChangesPerBatch", str(size)).load()
+                 .writeStream.foreachBatch(lambda df, i: batches.append(df.count()))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        seconds = time.perf_counter() - started
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT total_txns FROM pg_stat_replication_slots "
+                               "WHERE slot_name = %s", [slot]).fetchone()
+        return seconds, len([n for n in batches if n]), int(row[0]) if row else -1
+
+
 def session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -265,11 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--into", default="",
                         help="also time TableStateWriter into tables of these many rows "
                              "before the workload (e.g. 1000000,10000000)")
+    parser.add_argument("--source", action="store_true",
+                        help="also time the Structured Streaming source (df.count() per "
+                             "batch), with the transactions the server decoded")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_rows.split(",") if x.strip()]
     into = [int(x) for x in args.into.split(",") if x.strip()]
-    if into and args.load:
-        parser.error("--into seeds the tables as it captures: not with --load")
+    if (into or args.source) and args.load:
+        parser.error("--into and --source need the server of the capture: not with --load")
 
     print(f"Python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
           f"{os.cpu_count()} CPUs")
@@ -279,12 +338,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = session()
         print(f"spark {spark.version} session in {time.perf_counter() - started:.1f} s")
         seeds = Seeds(work, spark, into) if into else None
+        sources = SourceRuns(work, spark, sizes, args.runs) if args.source else None
         if args.load:
             frames, proto = load_frames(args.load)
             print(f"loaded {args.load}")
         else:
             frames, proto = capture(choose_bindir(args.bindir), args.changes,
-                                    seed=max(into, default=0), seeder=seeds)
+                                    seed=max(into, default=0), seeder=seeds, source=sources)
             if seeds is not None:
                 seeds.close()
             if args.out:
@@ -347,6 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return seconds, batches
                 best(f"into {rows:>10,} {size:>7,}", seeded)
                 print(f"    the sink: {min(per_batch):.3f} s per batch (best run)", flush=True)
+        if sources is not None:
+            for size, seconds, batches, decoded in sources.results:
+                results.append((f"source count {size:>6,}", seconds, batches))
+                print(f"  source count {size:>6,}: {decoded / kinds['C']:.2f} transactions "
+                      f"decoded per transaction ({decoded:,} for {kinds['C']:,})")
         json_seconds = results[0][1]
         print()
         print(f"{'path':<24} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")
