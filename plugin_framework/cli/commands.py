@@ -201,7 +201,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
                                  max_delay=args.max_delay)
     if args.history:
         args.option.append(f"history-path={args.to.rstrip('/')}/_history")
-    args.option.append("keys=" + json.dumps(mirror_keys(args)))
+    if args.publication:  # (without one, the stream's checks say what is missing)
+        args.option.append("keys=" + json.dumps(mirror_keys(args)))
     if args.create_slot:
         args.two_phase = True  # prepared transactions are delivered at COMMIT PREPARED
     # a batch waiting on --max-delay goes out at a status update at the latest

@@ -296,7 +296,8 @@ def _array_column(values: Sequence[Any], dtype: Any) -> pa.Array:
     for items in lists:
         ends.append(ends[-1] + (0 if items is None else len(items)))
     return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), elements, type=_arrow(dtype),
-                                    mask=pa.array([items is None for items in lists]))
+                                    mask=pa.array([items is None for items in lists],
+                                                  pa.bool_()))
 
 
 def typed_arrays(rows: pa.Array | pa.ChunkedArray, row_json: Sequence[str | None],

@@ -243,10 +243,19 @@ def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo
     if isinstance(origins, pa.ChunkedArray):
         origins = origins.combine_chunks()
     wanted = _utc_array(origins)
-    values = pc.unique(wanted.drop_null()).cast(dataset.schema.field(first).type)
-    where = ds.field(first).isin(values)
-    if wanted.null_count:
-        where = where | ds.field(first).is_null()
+    if pa.types.is_nested(wanted.type):  # no unique nor isin for lists: every row may
+        where = ds.scalar(True)
+    else:
+        values = pc.unique(wanted.drop_null()).cast(dataset.schema.field(first).type)
+        where = ds.field(first).isin(values)
+        if pa.types.is_floating(values.type) and len(values):
+            # the MERGE's IS NOT DISTINCT FROM takes NaN for NaN and -0 for 0; isin does not
+            if pc.any(pc.is_nan(values)).as_py():
+                where = where | pc.is_nan(ds.field(first))
+            if pc.any(pc.equal(values, 0)).as_py():
+                where = where | (ds.field(first) == 0)
+        if wanted.null_count:
+            where = where | ds.field(first).is_null()
     if current:  # a history: the current versions
         where = where & ds.field("_is_current")
     return dataset.to_table(filter=where)

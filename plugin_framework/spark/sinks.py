@@ -210,6 +210,7 @@ class TableSink:
         self.tables = None if tables is None else set(tables)
         self.on_table = on_table
         self.keys = dict(keys or {})
+        self._warned: set[str] = set()
 
     def __call__(self, df: Any, batch_id: int) -> None:
         spark = df.sparkSession
@@ -217,6 +218,16 @@ class TableSink:
             info = self.keyed(rows_info(schema, table, rows))
             if self.tables is not None and info.qualified_name not in self.tables:
                 continue
+            name = info.qualified_name
+            if counted(info) and name not in self.keys and name not in self._warned \
+                    and _has_snapshot_rows(rows):
+                self._warned.add(name)
+                log.warning("%s is keyed by every column and gets snapshot rows: its equal "
+                            "rows are counted, and a snapshot taken while the stream runs "
+                            "may send a row the stream delivered already, which is then "
+                            "counted twice. If the table has a primary key, give it in keys "
+                            "(-o keys; pgdecode mirror does); if it has none, say so with "
+                            "an empty key", name)
             self.apply(spark, rows, info, batch_id)
             if self.on_table is not None:
                 self.on_table(info.qualified_name, batch_id)
@@ -226,18 +237,29 @@ class TableSink:
         raise NotImplementedError
 
     def keyed(self, info: TableInfo) -> TableInfo:
-        """``info`` with the key ``keys`` gives it, where its rows mark every column."""
+        """``info`` with the key ``keys`` gives it, where its rows mark every column. A key
+        naming a column the batch's rows do not have (a key added to the table after these
+        changes) is not used: the batch is counted, and a warning says so."""
         key = self.keys.get(info.qualified_name)
         if key is None or len(key_names(info)) != len(info.columns):
             return info
         names = [name for name, _, _ in info.columns]
         unknown = [k for k in key if k not in names]
         if unknown:
-            raise ValueError(f"the key given for {info.qualified_name} ({', '.join(key)}) names "
-                             f"{', '.join(unknown)}, which its rows do not have (columns: "
-                             f"{', '.join(names)}): give its key as the table has it now")
+            log.warning("%s: the key given for it (%s) names %s, which this batch's rows do "
+                        "not have (%s): its equal rows are counted instead", info.qualified_name,
+                        ", ".join(key), ", ".join(unknown), ", ".join(names))
+            return info
         return dataclasses.replace(info, primary=bool(key), columns=tuple(
             (name, pg, not key or name in key) for name, pg, _ in info.columns))
+
+
+def _has_snapshot_rows(rows: Sequence[dict[str, Any]]) -> bool:
+    import pyarrow.compute as pc
+
+    if isinstance(rows, TableRows):
+        return bool(pc.any(pc.equal(rows.arrow.column("op"), "SNAPSHOT")).as_py())
+    return any(r["op"] == "SNAPSHOT" for r in rows)
 
 
 def net_frame(spark: Any, net: NetChanges, info: TableInfo) -> Any:
