@@ -324,6 +324,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._snapshot = SourceSnapshot(options)
         self._metrics: SourceMetrics | None = None
         self._per_row = 1.25  # messages per row, as the last batch's peek had them
+        self._advanced: LSN | None = None  # where latestOffset last moved the slot to
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark ships the reader to its executors for read(): the metrics stay here
@@ -357,7 +358,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch ending at ``start`` is done and in its commit log. It calls commit() for
         # that batch later, after planning the next one; moving the slot now spares the
         # server decoding that batch again in this peek.
-        advance_slot(self.opts, LSN(start.get("ack", start["lsn"])))
+        done = LSN(start.get("ack", start["lsn"]))
+        if done != self._advanced:  # (not again at each poll while nothing comes)
+            advance_slot(self.opts, done)
+            self._advanced = done
         begin = LSN(start["lsn"])
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         progress = start.get("snapshot")
