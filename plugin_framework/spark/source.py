@@ -358,10 +358,8 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # batch ending at ``start`` is done and in its commit log. It calls commit() for
         # that batch later, after planning the next one; moving the slot now spares the
         # server decoding that batch again in this peek.
-        done = LSN(start.get("ack", start["lsn"]))
-        if done != self._advanced:  # (not again at each poll while nothing comes)
-            advance_slot(self.opts, done)
-            self._advanced = done
+        if LSN(start.get("ack", start["lsn"])) != self._advanced:  # (not at each idle poll)
+            self._acknowledge(start)
         begin = LSN(start["lsn"])
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         progress = start.get("snapshot")
@@ -425,7 +423,13 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        advance_slot(self.opts, LSN(end.get("ack", end["lsn"])))
+        self._acknowledge(end)
+
+    def _acknowledge(self, end: dict[str, Any]) -> None:
+        """The batch ending at ``end`` is done: the slot moves to its ``ack``."""
+        done = LSN(end.get("ack", end["lsn"]))
+        advance_slot(self.opts, done)
+        self._advanced = done
         metrics = self._metered()
         if metrics is not None:
             metrics.committed(end)
