@@ -2,15 +2,16 @@
 Arrow into Spark DataFrames) against the ``json`` emitter (JSON lines to a file), on the same
 captured stream, in the same run.
 
-    python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3]
+    python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3] [--toast]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
                                         [--mirror] [--into N,...] [--source]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
 inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
-boolean, text[], jsonb), captures the pgoutput messages (with their LSNs) through
-pg_logical_slot_peek_binary_changes, then times, best of --runs, a Pipeline fed with every
-message, from the first message to the end of shutdown (everything delivered):
+boolean, text[], jsonb; with --toast, also a note text of 4-12 kB stored out of line, which the
+updates leave unchanged: #16's TOAST-heavy workload), captures the pgoutput messages (with
+their LSNs) through pg_logical_slot_peek_binary_changes, then times, best of --runs, a Pipeline
+fed with every message, from the first message to the end of shutdown (everything delivered):
 
 - json: the json emitter writing to a temporary file (FileOutput, fsynced at the end);
 - spark noop / count: the spark emitter with max-rows = each --batch-rows, creating each
@@ -62,6 +63,7 @@ from workload import (  # bench/ is not a package
     INSERT_ROWS,
     PUBLICATION,
     SCHEMA,
+    TOAST_SCHEMA,
     choose_bindir,
     run_workload,
 )
@@ -83,11 +85,13 @@ Seeder = Callable[[list[Frame], int], None]  # takes the seed's frames, one tran
 
 
 def capture(bindir: Path, changes: int, *, seed: int = 0, seeder: Seeder | None = None,
-            source: Callable[[str], None] | None = None) -> tuple[list[Frame], int]:
+            source: Callable[[str], None] | None = None, toast: bool = False
+            ) -> tuple[list[Frame], int]:
     """The workload's pgoutput messages (protocol 4, or 3 before PostgreSQL 16); with
     ``seed``, the table gets rows -1 to -seed first, whose messages go to ``seeder``, a
     transaction at a time, as they are decoded. ``source(conninfo)`` runs once they are
-    captured, with slot SOURCE_SLOT holding the workload."""
+    captured, with slot SOURCE_SLOT holding the workload. ``toast``: the TOAST-heavy
+    variant."""
     from plugin_framework.cluster import LocalCluster
 
     cluster = LocalCluster(bindir, settings={"logical_decoding_work_mem": "256MB"})
@@ -97,6 +101,8 @@ def capture(bindir: Path, changes: int, *, seed: int = 0, seeder: Seeder | None 
             version = conn.info.server_version
             proto = 4 if version >= 160000 else 3
             conn.execute(SCHEMA)
+            if toast:
+                conn.execute(TOAST_SCHEMA)
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [SLOT])
             get = ("SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes(%s, NULL, "
                    "%s, 'proto_version', %s, 'publication_names', %s)")
@@ -117,7 +123,7 @@ def capture(bindir: Path, changes: int, *, seed: int = 0, seeder: Seeder | None 
                              "true)", [SOURCE_SLOT])
             print(f"server {version} ({bindir}); running {changes:,} changes ...", flush=True)
             started = time.perf_counter()
-            run_workload(conn, changes)
+            run_workload(conn, changes, toast=toast)
             print(f"  workload {time.perf_counter() - started:.1f} s", flush=True)
             rows = conn.execute(get, [SLOT, None, str(proto), PUBLICATION]).fetchall()
         if source is not None:
@@ -310,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-rows", default="10000,50000",
                         help="spark max-rows values to time (default 10000,50000)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each (best of)")
+    parser.add_argument("--toast", action="store_true",
+                        help="the TOAST-heavy workload: a 4-12 kB note in every inserted row, "
+                             "unchanged by the updates")
     parser.add_argument("--bindir", help="PostgreSQL bin directory (default: the first found)")
     parser.add_argument("--out", type=Path, help="also save the capture to this file")
     parser.add_argument("--load", type=Path, help="use a capture saved with --out")
@@ -344,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"loaded {args.load}")
         else:
             frames, proto = capture(choose_bindir(args.bindir), args.changes,
-                                    seed=max(into, default=0), seeder=seeds, source=sources)
+                                    seed=max(into, default=0), seeder=seeds, source=sources,
+                                    toast=args.toast)
             if seeds is not None:
                 seeds.close()
             if args.out:

@@ -7,6 +7,11 @@ every seventh; quotes and non-ASCII text). Each transaction inserts TX_INSERTS n
 updates the first TX_UPDATES and deletes the last TX_DELETES of the rows the transaction before
 inserted (the first transaction only inserts): mostly inserts, some updates (no old tuple: the
 key does not change) and deletes (key tuple).
+
+The TOAST-heavy variant (``TOAST_SCHEMA`` after ``SCHEMA``, ``run_workload(..., toast=True)``)
+adds a ``note text`` column stored out of line and uncompressed, 4-12 kB in every inserted row
+(hex text, ``repeat(md5(g), 128 + g % 257)``); the updates leave it unchanged, so the server
+sends them an unchanged-TOAST marker in its place.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ CREATE TABLE {TABLE} (
 CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};
 """
 
-INSERT_ROWS = f"""
-INSERT INTO {TABLE}
+_INSERT = """
+INSERT INTO {table}
 SELECT g,
        'customer ' || left(md5(g::text), 6 + (g %% 20)::int),
        (g %% 1000003) / 100.0,
@@ -46,8 +51,15 @@ SELECT g,
        CASE WHEN g %% 7 = 0 THEN NULL
             ELSE jsonb_build_object('sku', 'SKU-' || g %% 997, 'qty', g %% 17,
                                     'note', 'line with ''quotes'' and ünïcode', 'ok', g %% 2 = 0)
-       END
+       END{note}
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+"""
+INSERT_ROWS = _INSERT.format(table=TABLE, note="")
+TOAST_INSERT_ROWS = _INSERT.format(table=TABLE,
+                                   note=",\n       repeat(md5(g::text), 128 + (g %% 257)::int)")
+TOAST_SCHEMA = f"""
+ALTER TABLE {TABLE} ADD COLUMN note text;
+ALTER TABLE {TABLE} ALTER COLUMN note SET STORAGE EXTERNAL;
 """
 UPDATE_ROWS = f"""
 UPDATE {TABLE} SET amount = amount + 1.25, active = NOT active, name = name || ' (updated)'
@@ -56,14 +68,16 @@ WHERE id BETWEEN %(first)s AND %(last)s
 DELETE_ROWS = f"DELETE FROM {TABLE} WHERE id BETWEEN %(first)s AND %(last)s"
 
 
-def run_workload(conn: psycopg.Connection[Any], changes: int) -> int:
-    """Make exactly ``changes`` changes in transactions of up to 1000; returns ``changes``."""
+def run_workload(conn: psycopg.Connection[Any], changes: int, *, toast: bool = False) -> int:
+    """Make exactly ``changes`` changes in transactions of up to 1000; returns ``changes``.
+    ``toast``: the TOAST-heavy variant (the table must have had TOAST_SCHEMA)."""
+    insert_rows = TOAST_INSERT_ROWS if toast else INSERT_ROWS
     done = block = 0
     while done < changes:
         first = block * TX_INSERTS + 1
         with conn.transaction():
             inserts = min(TX_INSERTS, changes - done)
-            conn.execute(INSERT_ROWS, {"first": first, "last": first + inserts - 1})
+            conn.execute(insert_rows, {"first": first, "last": first + inserts - 1})
             done += inserts
             previous = first - TX_INSERTS
             updates = min(TX_UPDATES, changes - done) if block else 0

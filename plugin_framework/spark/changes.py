@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final
@@ -54,6 +54,7 @@ import orjson
 from plugin_framework import LSN
 from plugin_framework.pgtypes import TypeConverters
 from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
+from plugin_framework.spark.changerows import change_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,6 +73,7 @@ CHANGE_COLUMNS: Final = (
 
 _dumps: Final = orjson.dumps
 _call: Final = operator.call
+_EMPTY: Final[list[str]] = []  # the unchanged TOAST names of most rows (shared: never modify)
 
 
 def change_schema() -> StructType:
@@ -144,8 +146,8 @@ class ArrowRowPlan:
     """What the change builder needs of one Relation to fill its Arrow columns: names,
     converters, its fixed fields."""
 
-    __slots__ = ("all_text", "bconv", "descriptor", "key0", "key_idx", "key_names", "names",
-                 "relation", "schema", "table", "tconv", "width")
+    __slots__ = ("all_text", "bconv", "descriptor", "fast", "key0", "key_idx", "key_names",
+                 "names", "relation", "schema", "table", "tconv", "width")
 
     def __init__(self, relation: Any, types: Any) -> None:
         columns = relation.columns
@@ -162,6 +164,9 @@ class ArrowRowPlan:
         self.table: str = relation.name
         self.descriptor = [{"name": c.name, "type": c.type_name, "type_oid": c.type_oid,
                             "key": c.is_key} for c in columns]
+        # the C appender of raw changes (ChangeBuilder.raw_writer), None where not built
+        self.fast = change_rows(relation.relation_id, self.names, self.tconv, self.key_idx,
+                                _EMPTY)
 
 
 class PlanCache:
@@ -239,7 +244,6 @@ class _TxnInfo:
 
 
 _Mark = tuple[int, int, int, int, int, int]
-_EMPTY: Final[list[str]] = []
 
 
 class ChangeBuilder:
@@ -279,6 +283,11 @@ class ChangeBuilder:
         self._last_relation: Any = None
         self._last_plan: tuple[ArrowRowPlan, int] | None = None
         self.nbytes = 0
+        # what the C appender appends to (_changerows.c's L_* order)
+        self._lists = (self.lsn, self.seq, self.op, self.rel, self.txn, self.key_len,
+                       self.key_k, self.key_v, self.before_len, self.before_k, self.before_v,
+                       self.after_len, self.after_k, self.after_v, self.before_json,
+                       self.after_json, self.toast)
 
     def clear(self) -> None:
         self._clear()
@@ -431,6 +440,27 @@ class ChangeBuilder:
         self.rel.append(rel_index)
         self.txn.append(txn_index)
         self.nbytes += nbytes
+
+    def raw_writer(self, txn_index: int, relation: Any
+                   ) -> Callable[[bytes, int, Any], bool | None] | None:
+        """A ``fast_change`` formatter (docs/framework.md) of ``relation``'s changes in the
+        transaction ``txn_index``: it appends a raw row-change message as ``add_change``
+        appends the decoded change, and returns True, or None for ``add_change`` to take
+        it. None where the C appender is not built."""
+        plan, rel_index = self._plan(relation)
+        append = plan.fast.append if plan.fast is not None else None
+        if append is None:
+            return None
+        info = self.txns[txn_index]
+
+        def write(data: bytes, lsn: int, txn: Any) -> bool | None:
+            n = append(data, lsn, info.rows, rel_index, txn_index, info.insert_op, self._lists)
+            if n is None:
+                return None
+            info.rows += 1
+            self.nbytes += n
+            return True
+        return write
 
     def add_truncate(self, txn_index: int, relations: Iterable[Any], lsn: int) -> None:
         info = self.txns[txn_index]

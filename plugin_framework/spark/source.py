@@ -110,6 +110,11 @@ class _Collector(OutputPlugin):
         assert self._cur is not None
         self.builder.add_change(self._cur[0], change)
 
+    def fast_change(self, ctx: Any, relation: Any) -> Any:
+        """The change callback's work on raw messages, in C where it is built."""
+        cur = self._cur
+        return None if cur is None else self.builder.raw_writer(cur[0], relation)
+
     def truncate(self, ctx: Any, txn: Any, relations: Any, change: Any) -> None:
         assert self._cur is not None
         self.builder.add_truncate(self._cur[0], relations, change.lsn)

@@ -1,0 +1,48 @@
+"""The glue to the change builder's C fast path, plugin_framework/spark/native/
+_changerows.c.
+
+A ``ChangeRows`` appends a raw row-change message to a ``ChangeBuilder``'s column lists as
+``ChangeBuilder.add_change`` would append the decoded change (tests/test_spark_changerows.py
+holds them equal). A column's JSON value is made in C when its text converter declares a
+native code in ``plugin_framework.pgtypes.NATIVE_KIND`` (the json emitter's C values, shared
+through ``pgtypes/native/_jsonvalue.h``); any other converter the C code calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import orjson
+
+from plugin_framework.pgtypes import NATIVE_KIND, Converter
+
+try:
+    from plugin_framework.spark.native import _changerows
+except ImportError:  # installed without a C compiler: add_change takes every change
+    _changerows = None  # type: ignore[assignment]
+
+__all__ = ["FAST_PATH_BUILT", "change_rows"]
+
+FAST_PATH_BUILT: Final = _changerows is not None
+"""Whether the C module is built (``pip install`` compiles it where there is a compiler)."""
+
+_dumps: Final = orjson.dumps
+
+# Converter -> the C module's code for it (an unknown code name fails here, at import).
+_CODES: Final[dict[Converter, int]] = (
+    {} if _changerows is None
+    else {conv: getattr(_changerows, name) for conv, name in NATIVE_KIND.items()})
+
+
+def change_rows(relation_id: int, names: Sequence[str], converters: tuple[Converter, ...],
+                key_idx: tuple[int, ...], empty: list[str]) -> _changerows.ChangeRows | None:
+    """The C appender of one relation description's changes (``empty``: the list a row
+    without unchanged TOAST values gets, shared), or None without the C module."""
+    if _changerows is None:
+        return None
+    pycall = _changerows.PYCALL
+    return _changerows.ChangeRows(
+        relation_id, tuple(names), tuple(_dumps(name) for name in names),
+        bytes(_CODES.get(conv, pycall) for conv in converters), converters, key_idx, _dumps,
+        empty)
