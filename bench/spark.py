@@ -14,7 +14,8 @@ their LSNs) through pg_logical_slot_peek_binary_changes, then times, best of --r
 fed with every message, from the first message to the end of shutdown (everything delivered):
 
 - json: the json emitter writing to a temporary file (FileOutput, fsynced at the end);
-- spark noop / count: the spark emitter with max-rows = each --batch-rows, creating each
+- spark noop / count: the spark emitter with max-rows = each --batch-rows (and its default
+  max-bytes, 64 MB: the TOAST-heavy workload's batches are smaller), creating each
   batch's DataFrame (Arrow, into the JVM) and calling ``fn``: one that does nothing, one that
   runs ``df.count()`` (a Spark job per batch);
 - spark parquet (with --parquet): ``fn`` = ChangeLogWriter, the change log appended to
@@ -183,13 +184,13 @@ def run_json(frames: Sequence[Frame], proto: int, work: Path) -> float:
 def run_spark(frames: Sequence[Frame], proto: int, work: Path, spark: Any, batch_rows: int,
               fn: Callable[[Any, int], Any], checkpoint: Path | None = None) -> tuple[float, int]:
     """``checkpoint``: go on from this one (default: a new one)."""
-    from plugin_framework.spark import ForeachBatchPlugin
+    from plugin_framework.spark import DEFAULT_MAX_BYTES, ForeachBatchPlugin
 
     if checkpoint is None:
         checkpoint = work / "checkpoint"
         shutil.rmtree(checkpoint, ignore_errors=True)
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(checkpoint),
-                                max_rows=batch_rows, max_bytes=1 << 40, max_delay=1e9)
+                                max_rows=batch_rows, max_bytes=DEFAULT_MAX_BYTES, max_delay=1e9)
     pipeline = Pipeline()
     pipeline.add(plugin, output=plugin.make_output())
     return feed(pipeline, frames, proto), plugin.batches

@@ -595,3 +595,58 @@ def test_dates_and_timestamps_before_year_1_keep_their_value(db: Any, spark: Any
         "ARRAY(SELECT x - date '1970-01-01' FROM unnest(ds) x) FROM bc")}
     expected[2] = (*expected[2][:3], None)  # a NULL array
     assert got == {k: (*v[:3], None if v[3] is None else list(v[3])) for k, v in expected.items()}
+
+
+@pytest.mark.parametrize("setting", [None, "10MB"], ids=["unset", "set"])
+def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
+        spark: Any, tmp_path: Path, setting: str | None) -> None:
+    """A batch's DataFrame is not converted to rows in the driver when it is made (Spark
+    would, under spark.sql.execution.arrow.localRelationThreshold: a LocalRelation): it
+    stays Arrow until a job reads it, with the same rows. The session's own setting of that
+    threshold is what it was before the batch."""
+    import pyarrow as pa
+    from native import WHEN
+
+    from plugin_framework import Pipeline
+    from plugin_framework.protocol import (
+        Begin,
+        Commit,
+        Insert,
+        RelationColumn,
+        RelationMessage,
+        TupleData,
+        encode,
+    )
+    from plugin_framework.spark import ForeachBatchPlugin
+
+    key = "spark.sql.execution.arrow.localRelationThreshold"
+    if setting is not None:
+        spark.conf.set(key, setting)
+    seen: list[tuple[str, list[Any]]] = []
+
+    def fn(df: Any, batch_id: int) -> None:
+        plan = df._jdf.queryExecution().analyzed().getClass().getSimpleName()
+        seen.append((plan, sorted(r.after["id"] for r in df.collect())))
+
+    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
+    end = LSN(0x3000000)
+    messages = [encode(relation), encode(Begin(end, WHEN, 900)),
+                *(encode(Insert(16400, TupleData(b"t", (str(i).encode(),)))) for i in range(3)),
+                encode(Commit(end, LSN(end + 0x100), WHEN))]
+    plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
+                                max_rows=3)
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(plugin, output=plugin.make_output())
+    pipeline.startup()
+    try:
+        for i, data in enumerate(messages):
+            pipeline.feed(data, LSN(0x2000000 + i))
+        pipeline.shutdown()
+        assert seen == [("LogicalRDD", ["0", "1", "2"])]
+        assert spark.conf.get(key, None) == setting
+        # the session's own DataFrames from Arrow data are made as it says
+        local = spark.createDataFrame(pa.table({"x": [1]}))
+        kind = local._jdf.queryExecution().analyzed().getClass().getSimpleName()
+        assert kind == "LocalRelation"
+    finally:
+        spark.conf.unset(key)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework import OutputError, OutputRecord
@@ -228,8 +228,24 @@ class ForeachBatchPlugin(OutputPlugin):
                  pending.batch_id, pending.rows)
 
     def _frame(self, table: Any) -> Any:
-        """The batch's DataFrame, which remembers the rows it was made of (local_rows)."""
-        df = self.spark.createDataFrame(table, self._schema)
+        """The batch's DataFrame, which remembers the rows it was made of (local_rows).
+
+        Spark keeps a DataFrame made from Arrow data under the session's
+        localRelationThreshold (48 MB) as a LocalRelation: every row converted in the driver,
+        at once, whether ``fn`` reads them or not, which took most of a no-op batch's time.
+        With the threshold at 0 for this call, the batch stays Arrow until a job reads it
+        (the same rows: only when they are converted differs; the sinks mostly read the
+        driver's Arrow table instead). The session's own setting is back after the call."""
+        conf = self.spark.conf
+        before = conf.get(_LOCAL_RELATION, None)
+        conf.set(_LOCAL_RELATION, "0")
+        try:
+            df = self.spark.createDataFrame(table, self._schema)
+        finally:
+            if before is None:
+                conf.unset(_LOCAL_RELATION)
+            else:
+                conf.set(_LOCAL_RELATION, before)
         remember_rows(df, table)
         return df
 
@@ -440,6 +456,9 @@ class ForeachBatchPlugin(OutputPlugin):
 
     def _on_close(self) -> None:
         pass
+
+
+_LOCAL_RELATION: Final = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def _session() -> Any:
