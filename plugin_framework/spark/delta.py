@@ -41,6 +41,7 @@ from plugin_framework.spark.sinks import (
     TableSink,
     counted,
     fill_rows,
+    first_rows,
     key_names,
     key_tuples,
     merge_state,
@@ -188,9 +189,7 @@ class DeltaTableWriter(DeltaSink):
         keys = key_names(info)
         names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
         target = target_rows(pending.table, changes.column(keys[0]), info)
-        first: dict[tuple[Any, ...], int] = {}  # a change row of each row counted
-        for i, key in enumerate(key_tuples(changes, keys)):
-            first.setdefault(key, i)
+        first = first_rows(changes, keys)  # a change row of each row counted
         counted_rows = pa.array([key in first for key in key_tuples(target, keys)], pa.bool_())
         stay = target.filter(pc.and_(counted_rows, staying(target, changes, info)))
         parts = [(changes.take(pa.array(list(first.values()), pa.int64())), True),

@@ -56,6 +56,7 @@ from plugin_framework.spark.sinks import (
     conform,
     counted,
     fill_from,
+    first_rows,
     key_names,
     key_tuples,
     same_keys,
@@ -257,13 +258,10 @@ class HistoryWriter(DeltaSink):
         assert pending.table is not None
         keys = key_names(info)
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
-        ending = set(key_tuples(ends, keys))
+        first = first_rows(ends, keys)  # an end of each row
         current = target_rows(pending.table, ends.column(keys[0]), info, current=True)
-        current = current.filter(pa.array([k in ending for k in key_tuples(current, keys)],
+        current = current.filter(pa.array([k in first for k in key_tuples(current, keys)],
                                           pa.bool_()))
-        first: dict[tuple[Any, ...], int] = {}  # an end of each row
-        for i, key in enumerate(key_tuples(ends, keys)):
-            first.setdefault(key, i)
         schema = _nullable(utc_table(versions.select(names))).schema
         parts = [(ends.take(pa.array(list(first.values()), pa.int64())).select(keys), True),
                  (ended_copies(current, ends, info, None).select(names), False),

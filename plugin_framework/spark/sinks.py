@@ -408,6 +408,14 @@ def fill_rows(changes: pa.Table, filled: Sequence[str], info: TableInfo,
     return out
 
 
+def first_rows(rows: pa.Table, names: Sequence[str]) -> dict[tuple[Any, ...], int]:
+    """Each key (``key_tuples``) of ``rows`` with the index of its first row."""
+    first: dict[tuple[Any, ...], int] = {}
+    for i, key in enumerate(key_tuples(rows, names)):
+        first.setdefault(key, i)
+    return first
+
+
 def key_tuples(rows: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
     """Each row's values of columns ``names``, comparable across the batch's types and a
     target's (timestamps as UTC microseconds, dates as days, lists as tuples; NULLs equal,
