@@ -517,11 +517,13 @@ def test_the_copy_reader_leaves_the_connection_usable_and_reports_errors(db: Any
 
 
 def change_later(conninfo: str, stop: threading.Event, seed: int, rows: int) -> None:
-    """Insert, update, change the key of and delete rows of table "later" until ``stop``."""
+    """Insert, update, change the key of and delete rows of table "later" until ``stop``.
+    Inserted keys are 100,000 and up, changed keys 1,000,000 and up: apart, so that no
+    statement fails on a duplicate key (the writer would stop early)."""
     r = random.Random(seed)
     statements = ["INSERT INTO later VALUES (%s, 'new', 0) ON CONFLICT DO NOTHING",
                   "UPDATE later SET v = 'u', n = n + 1 WHERE id = %s",
-                  "UPDATE later SET id = id + 200000 WHERE id = %s",
+                  "UPDATE later SET id = id + 1000000 WHERE id = %s",
                   "DELETE FROM later WHERE id = %s"]
     with psycopg.connect(conninfo, autocommit=True) as conn:
         n = 0
