@@ -448,9 +448,9 @@ class ChangeBuilder:
         appends the decoded change, and returns True, or None for ``add_change`` to take
         it. None where the C appender is not built."""
         plan, rel_index = self._plan(relation)
-        append = plan.fast.append if plan.fast is not None else None
-        if append is None:
+        if plan.fast is None:
             return None
+        append = plan.fast.append
         info = self.txns[txn_index]
 
         def write(data: bytes, lsn: int, txn: Any) -> bool | None:

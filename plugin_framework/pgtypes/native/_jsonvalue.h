@@ -394,8 +394,8 @@ static int put_row(const JsonColumns *self, Buf *b, const Column *cols, const Py
     return put_byte(b, '}');
 }
 
-static int put_names(const JsonColumns *self, Buf *b, const Py_ssize_t *which,
-                     Py_ssize_t count) {
+static inline int put_names(const JsonColumns *self, Buf *b, const Py_ssize_t *which,
+                            Py_ssize_t count) {
     TRY(put_byte(b, '['));
     for (Py_ssize_t k = 0; k < count; k++) {
         if (k > 0)

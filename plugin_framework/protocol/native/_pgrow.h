@@ -182,7 +182,7 @@ typedef int (*format_fn)(PyObject *self, Buf *b, const unsigned char *data, size
 /* A RowFormat is initialised once: line() sizes its column arrays from ncols before it calls
  * Python (attribute lookups on txn), so a second __init__ must not change them under it.
  * `made` is the object's heads, NULL until __init__ ran. */
-static int init_once(PyObject *made) {
+static inline int init_once(PyObject *made) {
     if (made != NULL) {
         PyErr_SetString(PyExc_TypeError, "RowFormat.__init__ runs once: make a new RowFormat");
         return -1;
@@ -233,8 +233,8 @@ static int check_made(PyObject *made) {
 /* The body of a RowFormat's line(data, lsn, txn) for a relation of ncols columns (`made`:
  * its heads, NULL if __init__ never ran): the arguments checked, the columns in a
  * ScratchCols; the text as bytes, None for DEFER, NULL with the error for FAIL. */
-static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
-                          PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+static inline PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
+                                 PyObject *const *args, Py_ssize_t nargs, format_fn format) {
     if (check_made(made) < 0)
         return NULL;
     if (nargs != 3) {
@@ -270,8 +270,8 @@ static PyObject *row_line(PyObject *self, PyObject *made, Py_ssize_t ncols,
 }
 
 /* A RowFormat called as a function: its line(data, lsn, txn). */
-static PyObject *row_call(PyObject *self, PyObject *args, PyObject *kwargs,
-                          PyObject *(*line)(PyObject *, PyObject *const *, Py_ssize_t)) {
+static inline PyObject *row_call(PyObject *self, PyObject *args, PyObject *kwargs,
+                                 PyObject *(*line)(PyObject *, PyObject *const *, Py_ssize_t)) {
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
         PyErr_SetString(PyExc_TypeError, "a RowFormat takes no keyword arguments");
         return NULL;
@@ -285,8 +285,8 @@ static PyObject *row_call(PyObject *self, PyObject *args, PyObject *kwargs,
  * for datas[start], datas[start + 1], ... (a list of bytes), up to the first message it
  * would give None for, as (lines, next): next is that message's index, or len(datas). The
  * same `format` as line() writes each; only the calls from Python are saved. */
-static PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t ncols,
-                           PyObject *const *args, Py_ssize_t nargs, format_fn format) {
+static inline PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t ncols,
+                                  PyObject *const *args, Py_ssize_t nargs, format_fn format) {
     if (check_made(made) < 0)
         return NULL;
     if (nargs != 4) {
