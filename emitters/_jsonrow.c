@@ -39,11 +39,10 @@ static int format_line(RowFormat *self, Buf *b, const unsigned char *data, size_
     unsigned char old_kind;
     TRY(read_row_change(data, size, self->relid, cols->ncols, old, new, &action, &old_kind));
 
-    char lsn_text[40];
-    int lsn_len = snprintf(lsn_text, sizeof lsn_text, ",\"lsn\":\"%X/%X\"",
-                           (unsigned)(lsn >> 32), (unsigned)(lsn & 0xFFFFFFFFu));
     TRY(put_head(self, b, 2 * action));
-    TRY(put(b, lsn_text, (size_t)lsn_len));
+    TRY(PUT_LITERAL(b, ",\"lsn\":\""));
+    TRY(put_lsn(b, lsn));
+    TRY(put_byte(b, '"'));
     TRY(put(b, PyBytes_AS_STRING(fields), (size_t)PyBytes_GET_SIZE(fields)));
     TRY(put_head(self, b, 2 * action + 1));
 

@@ -132,10 +132,9 @@ static int format_line(PyObject *obj, Buf *b, const unsigned char *data, size_t 
     }
     TRY(put_bytes(b, PyTuple_GET_ITEM(self->heads, action)));
     if (self->with_lsn) {
-        char text[40];
-        int len = snprintf(text, sizeof text, ",\"lsn\":\"%X/%X\"", (unsigned)(lsn >> 32),
-                           (unsigned)(lsn & 0xFFFFFFFFu));
-        TRY(put(b, text, (size_t)len));
+        TRY(PUT_LITERAL(b, ",\"lsn\":\""));
+        TRY(put_lsn(b, lsn));
+        TRY(put_byte(b, '"'));
     }
     TRY(put_bytes(b, self->schema_table));
     if (action != 2) {

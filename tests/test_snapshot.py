@@ -42,7 +42,9 @@ from emitters.json import JsonEmitter
 from emitters.text import TestDecodingEmitter
 from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.sources import snapshot
 from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.libpq import copy_reader_bound
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.snapshot import TableCopy, _copyrow, copy_chunks, published_tables
 from plugin_framework.sources.walsender import WalsenderSource
@@ -460,9 +462,11 @@ def test_the_c_copy_reader_gives_the_python_reader_s_messages(
         pg_module_db: Any, rows: list[tuple[str, str | None, list[str | None]]]) -> None:
     """The C module turns each COPY row into the Insert message that psycopg's parser and
     the protocol encoder make of it, byte for byte, for any text the server copies out
-    (tabs, newlines, backslashes, \\N, non-ASCII...)."""
+    (tabs, newlines, backslashes, \\N, non-ASCII...): read from libpq in C
+    (``read_messages``), and read from Python (``copy_out``'s loop)."""
     if _copyrow is None:
         pytest.skip("the C module is not built")
+    assert copy_reader_bound()  # Linux, psycopg's libpq found: the C reader is tested
     clean = [(a.replace("\x00", ""), None if b is None else b.replace("\x00", ""),
               [None if x is None else x.replace("\x00", "") for x in c]) for a, b, c in rows]
     with psycopg.connect(pg_module_db.conninfo) as conn:
@@ -472,18 +476,28 @@ def test_the_c_copy_reader_gives_the_python_reader_s_messages(
             cur.executemany("INSERT INTO hostile (a, b, c) VALUES (%s, %s, %s)", clean)
         table = TableCopy(0, "pg_temp", "hostile", False, ["id", "a", "b", "c", "n"], None)
         fast = [i for c in copy_chunks(conn, table, 7) for i in c.inserts]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(snapshot, "copy_reader_bound", lambda: False)
+            unbound = [i for c in copy_chunks(conn, table, 7) for i in c.inserts]
         slow = [i for c in copy_chunks(conn, table, 7, fast=False) for i in c.inserts]
         conn.rollback()
     assert len(fast) == len(clean)
-    assert fast == slow
+    assert fast == unbound == slow
 
 
-def test_the_copy_reader_leaves_the_connection_usable_and_reports_errors(db: Any) -> None:
-    """copy_out, libpq's COPY loop: a consumer that stops early leaves the connection
-    usable (the rest is read and dropped); a table it may not read, and a backend
-    terminated in the middle of the copy, are psycopg's errors, as with psycopg's Copy."""
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_the_copy_reader_leaves_the_connection_usable_and_reports_errors(
+        db: Any, reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """copy_out, libpq's COPY loop, read in C or in Python: a consumer that stops early
+    leaves the connection usable (the rest is read and dropped); a table it may not read,
+    and a backend terminated in the middle of the copy, are psycopg's errors, as with
+    psycopg's Copy."""
     if _copyrow is None:
         pytest.skip("the C module is not built")
+    if reader == "python":
+        monkeypatch.setattr(snapshot, "copy_reader_bound", lambda: False)
+    else:
+        assert copy_reader_bound()
     make_tables(db.conninfo, rows=60_000)
     with psycopg.connect(db.conninfo) as conn:
         table = published_tables(conn, ["pub"])[0]

@@ -41,6 +41,7 @@ from plugin_framework.protocol import (
     encode,
 )
 from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.libpq import copy_reader_bound
 from plugin_framework.sources.replication import failed_result
 
 try:
@@ -52,6 +53,8 @@ log = logging.getLogger("pgdecode.snapshot")
 
 CHUNK_ROWS = 5000  # rows per synthetic transaction
 Key = tuple[bytes | None, ...]  # a row's key columns, as pgoutput's text sends them
+# _copyrow.read_messages with head and ncols given: (pgconn_ptr, max_rows) -> (rows, status)
+ReadRows = Callable[[int, int], tuple[list[bytes], int]]
 _FIRST_NORMAL_OID = 16384  # types below are built in: pgoutput sends no Type message
 _NULL, _TEXT = ord("n"), ord("t")
 
@@ -315,8 +318,9 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
     statement = statement or copy_statement(table)
     if fast and _copyrow is not None:
         head = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")
+        read = partial(_copyrow.read_messages, head, ncols) if copy_reader_bound() else None
         for rows in copy_out(conn, statement, partial(_copyrow.insert_message, head, ncols),
-                             chunk_rows):
+                             chunk_rows, read):
             yield Chunk(table, rows, len(rows) < chunk_rows)  # only the last is short
         return
     inserts: list[bytes] = []
@@ -332,10 +336,13 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
 
 
 def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable,
-             convert: Callable[[Buffer], bytes], chunk_rows: int) -> Iterator[list[bytes]]:
+             convert: Callable[[Buffer], bytes], chunk_rows: int,
+             read: ReadRows | None = None) -> Iterator[list[bytes]]:
     """Run ``statement``, a COPY ... TO STDOUT, on ``conn`` and yield ``convert`` of each
     row (one CopyData message) in lists of ``chunk_rows``, then the rest (always, maybe
-    empty; so only the last list is short).
+    empty; so only the last list is short). ``read``: the C reader that makes this loop's
+    libpq calls and conversions with the GIL released (``_copyrow.read_messages``, bound to
+    psycopg's libpq: libpq.py); its ``convert`` is the same C code.
 
     Through libpq (psycopg.pq, psycopg's documented low-level interface), as the replication
     stream is read (replication.py): psycopg's ``Copy.read`` waits through a generator for
@@ -353,8 +360,17 @@ def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable,
     rows: list[bytes] = []
     append = rows.append
     done = False
+    # the PGconn's address (psycopg's PGconn has it, its abc does not; None once closed)
+    ptr: int | None = getattr(pgconn, "pgconn_ptr", None)
+    if ptr is None:
+        read = None
     try:
-        while True:
+        while read is not None and ptr is not None:
+            rows, status = read(ptr, chunk_rows)
+            if status < 0:  # -1: the COPY is over; -2: libpq failed (as below)
+                break
+            yield rows
+        while read is None:
             nbytes, data = get(1)
             if nbytes > 0:
                 append(convert(data))

@@ -84,6 +84,26 @@ static inline int put_byte(Buf *b, char c) {
 }
 
 #define PUT_LITERAL(b, s) put((b), (s), sizeof(s) - 1)
+
+/* An LSN as PostgreSQL prints it (%X/%X: upper-case hex halves, no leading zeros), as
+ * protocol/lsn.py's str(LSN) does; without snprintf, which cost more than the rest of a
+ * short line's fixed part. */
+static inline int put_lsn(Buf *b, unsigned long long lsn) {
+    static const char digits[] = "0123456789ABCDEF";
+    char text[17];
+    size_t n = 0;
+    for (int half = 1; half >= 0; half--) {
+        uint32_t v = (uint32_t)(lsn >> (32 * half));
+        int shift = 28;
+        while (shift > 0 && ((v >> shift) & 0xF) == 0)
+            shift -= 4;
+        for (; shift >= 0; shift -= 4)
+            text[n++] = digits[(v >> shift) & 0xF];
+        if (half)
+            text[n++] = '/';
+    }
+    return put(b, text, n);
+}
 #define TRY(expr)                                                                             \
     do {                                                                                      \
         int rc_ = (expr);                                                                     \
