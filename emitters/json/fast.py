@@ -8,12 +8,12 @@ called, and tests/test_json_native.py holds each declared code equal to its conv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import orjson
 
-from plugin_framework.pgtypes import NATIVE_KIND, Converter
+from plugin_framework.pgtypes import Converter, native_codes
 
 try:
     from emitters import _jsonrow
@@ -27,17 +27,15 @@ FAST_PATH_BUILT: Final = _jsonrow is not None
 
 _dumps: Final = orjson.dumps
 
-# Converter -> the C module's code for it (an unknown code name fails here, at import).
-_CODES: Final[dict[Converter, int]] = (
-    {} if _jsonrow is None
-    else {conv: getattr(_jsonrow, name) for conv, name in NATIVE_KIND.items()})
+_code: Final[Callable[[Converter], int] | None] = (
+    None if _jsonrow is None else native_codes(_jsonrow))
 
 
 def native_code(conv: Converter) -> int:
     """How emitters._jsonrow converts a column whose text converter is ``conv``: by the code
     the converter declares, else by calling ``conv`` (PYCALL)."""
-    assert _jsonrow is not None
-    return _CODES.get(conv, _jsonrow.PYCALL)
+    assert _code is not None
+    return _code(conv)
 
 
 def row_format(relation_id: int, heads: tuple[bytes, ...], names: Sequence[str],
@@ -50,4 +48,4 @@ def row_format(relation_id: int, heads: tuple[bytes, ...], names: Sequence[str],
         return None
     return _jsonrow.RowFormat(
         relation_id, heads, tuple(_dumps(name) for name in names),
-        bytes(native_code(conv) for conv in converters), converters, key_idx, _dumps)
+        bytes(map(native_code, converters)), converters, key_idx, _dumps)

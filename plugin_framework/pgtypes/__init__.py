@@ -15,7 +15,7 @@ value in a row (``Row.data.kinds``): text format, binary format, null, unchanged
 from __future__ import annotations
 
 from plugin_framework.pgtypes.binary import pg_float8_text
-from plugin_framework.pgtypes.converters import NATIVE_KIND, TypeConverters
+from plugin_framework.pgtypes.converters import NATIVE_KIND, TypeConverters, native_codes
 from plugin_framework.pgtypes.datetimes import (
     civil_date,
     epoch_days,
@@ -58,6 +58,7 @@ __all__ = [
     "format_type_sql",
     "interval_parts",
     "iso_interval",
+    "native_codes",
     "parse_array_text",
     "pg_float8_text",
     "quote_ident_always",

@@ -126,7 +126,7 @@ from plugin_framework.pgtypes.text import (
     t_json,
 )
 
-__all__ = ["NATIVE_KIND", "TypeConverters"]
+__all__ = ["NATIVE_KIND", "TypeConverters", "native_codes"]
 
 _i32 = struct.Struct("!i")
 
@@ -161,6 +161,21 @@ here the C code calls. A change to one of these converters must be made to the C
 tests/test_json_native.py checks each against its C code (hypothesis), and
 tests/test_pgtypes.py that each type keeps the converter, and each converter the code, that
 they have."""
+
+
+def native_codes(module: Any) -> Callable[[Converter], int]:
+    """How a C module that includes pgtypes/native/_jsonvalue.h (the json emitter's, the
+    Spark builder's) converts a column whose text converter is ``conv``: by the code
+    ``NATIVE_KIND`` names for it (the module's constant of that name; an unknown name fails
+    here, when the module is loaded), else by calling ``conv`` (the module's ``PYCALL``)."""
+    codes: dict[Converter, int] = {conv: getattr(module, name)
+                                   for conv, name in NATIVE_KIND.items()}
+    pycall: int = module.PYCALL
+
+    def code(conv: Converter) -> int:
+        return codes.get(conv, pycall)
+
+    return code
 
 
 class TypeConverters:

@@ -10,12 +10,12 @@ through ``pgtypes/native/_jsonvalue.h``); any other converter the C code calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import orjson
 
-from plugin_framework.pgtypes import NATIVE_KIND, Converter
+from plugin_framework.pgtypes import Converter, native_codes
 
 try:
     from plugin_framework.spark.native import _changerows
@@ -29,20 +29,17 @@ FAST_PATH_BUILT: Final = _changerows is not None
 
 _dumps: Final = orjson.dumps
 
-# Converter -> the C module's code for it (an unknown code name fails here, at import).
-_CODES: Final[dict[Converter, int]] = (
-    {} if _changerows is None
-    else {conv: getattr(_changerows, name) for conv, name in NATIVE_KIND.items()})
+# How the C module converts a column whose text converter is ``conv`` (pgtypes.native_codes)
+_code: Final[Callable[[Converter], int] | None] = (
+    None if _changerows is None else native_codes(_changerows))
 
 
 def change_rows(relation_id: int, names: Sequence[str], converters: tuple[Converter, ...],
                 key_idx: tuple[int, ...], empty: list[str]) -> _changerows.ChangeRows | None:
     """The C appender of one relation description's changes (``empty``: the list a row
     without unchanged TOAST values gets, shared), or None without the C module."""
-    if _changerows is None:
+    if _changerows is None or _code is None:
         return None
-    pycall = _changerows.PYCALL
     return _changerows.ChangeRows(
         relation_id, tuple(names), tuple(_dumps(name) for name in names),
-        bytes(_CODES.get(conv, pycall) for conv in converters), converters, key_idx, _dumps,
-        empty)
+        bytes(map(_code, converters)), converters, key_idx, _dumps, empty)
