@@ -1,5 +1,6 @@
-"""The textual-output check of a formatter's run of lines (framework/native/_text.c) against
-its reference, Python's strict UTF-8 decoder (``LogicalDecodingContext._check_textual``).
+"""The textual-output check of a line or of a formatter's run of lines
+(framework/native/_text.c) against its reference, Python's strict UTF-8 decoder
+(``LogicalDecodingContext._check_textual``).
 
 The C check decodes nothing: it must accept exactly what ``bytes.decode()`` accepts, find the
 first line it refuses, and leave the error message to the Python check of that line.
@@ -64,11 +65,13 @@ def test_first_invalid_line_is_the_decoders(lines: list[bytes]) -> None:
 def test_every_edge_alone_and_after_ascii(data: bytes) -> None:
     for prefix in (b"", b"a" * 5, b"b" * 8, b"c" * 13):
         assert (_text.first_invalid_utf8([prefix + data]) == -1) == decodes(prefix + data)
+        assert _text.is_utf8(prefix + data) == decodes(prefix + data)
 
 
 def test_the_edges_are_decided_as_the_decoder_does() -> None:
     for edge in _EDGES:
         assert (_text.first_invalid_utf8([edge]) == -1) == decodes(edge), edge
+        assert _text.is_utf8(edge) == decodes(edge), edge
     # both outcomes occur: the list is not all valid or all invalid
     assert {decodes(edge) for edge in _EDGES} == {True, False}
 
@@ -78,6 +81,8 @@ def test_other_buffers_and_non_lists() -> None:
     # a view that cuts a sequence off, with the rest of it in the memory after the view
     assert _text.first_invalid_utf8([memoryview(b"ab\xc3\xa9")[:3]]) == 0
     assert _text.first_invalid_utf8([memoryview(b"\xf0\x9f\x98\x80")[:3]]) == 0
+    assert not _text.is_utf8(memoryview(b"ab\xc3\xa9")[:3])
+    assert _text.is_utf8(bytearray(b"\xc3\xa9"))
     with pytest.raises(TypeError):
         _text.first_invalid_utf8((b"a",))
     with pytest.raises(TypeError):
@@ -85,8 +90,12 @@ def test_other_buffers_and_non_lists() -> None:
 
 
 class _Lines(OutputPlugin):
-    """A plugin whose formatter writes a run of lines at once (``lines``), each line the
-    inserted value's text as it is: the context checks them as a textual plugin's output."""
+    """A plugin whose formatter writes the inserted value's text as it is, a run of lines at
+    once (``lines``) or one line at a time: the context checks them as a textual plugin's
+    output."""
+
+    def __init__(self, runs: bool) -> None:
+        self.runs = runs
 
     def begin(self, ctx: Any, txn: Any) -> None:
         pass
@@ -105,14 +114,15 @@ class _Lines(OutputPlugin):
                   ) -> tuple[list[bytes], int]:
             return [write(d, lsn, txn) for d in datas[start:]], len(datas)
 
-        write.lines = lines  # type: ignore[attr-defined]
+        if self.runs:
+            write.lines = lines  # type: ignore[attr-defined]
         return write
 
 
-def _snapshot(values: list[bytes]) -> MemoryOutput:
+def _snapshot(values: list[bytes], runs: bool) -> MemoryOutput:
     out = MemoryOutput()
     pipeline = Pipeline(proto_version=1)
-    pipeline.add(_Lines(), output=out)
+    pipeline.add(_Lines(runs), output=out)
     pipeline.startup()
     rel = RelationMessage(16401, "public", "t", "d", (RelationColumn(True, "v", 25, -1),))
     pipeline.snapshot_rows(rel, [], [encode(Insert(16401, TupleData(b"t", (v,))))
@@ -120,13 +130,15 @@ def _snapshot(values: list[bytes]) -> MemoryOutput:
     return out
 
 
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "lines"])
 @pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
-def test_a_run_of_lines_is_held_to_textual_output(native: bool,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lines_are_held_to_textual_output(native: bool, runs: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     if not native:
         monkeypatch.setattr(context_module, "first_invalid_utf8", None)
+        monkeypatch.setattr(context_module, "is_utf8", None)
     good = [b"plain", "caf\u00e9 \U0001f600".encode(), b"x" * 40]
-    assert _snapshot(good).lines == [v.decode() for v in good]
+    assert _snapshot(good, runs).lines == [v.decode() for v in good]
     # the message names the byte of the first bad line, whichever check found it
     with pytest.raises(CallbackError, match=r"invalid UTF-8 at byte 4 in textual mode"):
-        _snapshot([*good, b"abcd\xed\xa0\x80", b"\xff"])
+        _snapshot([*good, b"abcd\xed\xa0\x80", b"\xff"], runs)

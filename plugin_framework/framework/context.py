@@ -17,9 +17,9 @@ from plugin_framework.framework.outputs import Output, OutputError, new_record, 
 from plugin_framework.protocol import LSN
 
 try:
-    from plugin_framework.framework.native._text import first_invalid_utf8
+    from plugin_framework.framework.native._text import first_invalid_utf8, is_utf8
 except ImportError:  # installed without a C compiler: each line is decoded
-    first_invalid_utf8 = None  # type: ignore[assignment]
+    first_invalid_utf8 = is_utf8 = None  # type: ignore[assignment]
 
 
 class OutputType(StrEnum):
@@ -101,6 +101,8 @@ class LogicalDecodingContext:
 
     def _check_textual(self, raw: bytes) -> None:
         if self.options.output_type is OutputType.TEXTUAL and not raw.isascii():
+            if is_utf8 is not None and is_utf8(raw):  # in C: no str made only to be dropped
+                return
             try:
                 raw.decode()
             except UnicodeDecodeError as exc:

@@ -1,5 +1,6 @@
 /*
- * plugin_framework.framework.native._text: the textual-output check of a run of lines.
+ * plugin_framework.framework.native._text: the textual-output check of a line, or of a run of
+ * lines.
  *
  * A plugin in textual mode must write UTF-8, as PostgreSQL checks a textual plugin's output
  * (framework/context.py, ``_check_textual``: bytes.decode, strict). A formatter's ``lines``
@@ -89,7 +90,23 @@ static PyObject *first_invalid_utf8(PyObject *self, PyObject *lines) {
     return PyLong_FromLong(-1);
 }
 
+/* is_utf8(data) -> bool: whether the bytes-like data is UTF-8. */
+static PyObject *is_utf8(PyObject *self, PyObject *data) {
+    int ok;
+    if (PyBytes_CheckExact(data)) {
+        ok = valid_utf8((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+    } else {
+        Py_buffer view;
+        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        ok = valid_utf8(view.buf, view.len);
+        PyBuffer_Release(&view);
+    }
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
+    {"is_utf8", is_utf8, METH_O, "Whether the bytes are UTF-8."},
     {"first_invalid_utf8", first_invalid_utf8, METH_O,
      "The index of the first line that is not UTF-8, or -1."},
     {NULL, NULL, 0, NULL},
