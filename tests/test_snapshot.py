@@ -567,6 +567,8 @@ def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str
         if ln.get("table") != table:
             continue
         op = ln["op"]
+        if op == "truncate":
+            rows.clear()
         if op in ("update", "delete"):
             before = ln["old"] if ln["old"] is not None else ln["new"]
             previous = rows.pop(before["id"], {})

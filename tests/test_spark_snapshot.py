@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 from jsonmirror import loads
@@ -33,7 +34,14 @@ from test_snapshot import (
     wait_acknowledged_slot,
 )
 
-from plugin_framework.spark import ForeachBatchStream
+from plugin_framework.spark import (
+    DeltaTableWriter,
+    ForeachBatchStream,
+    HistoryWriter,
+    TableStateWriter,
+    read_delta,
+    read_state,
+)
 from plugin_framework.spark.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.slow
@@ -191,6 +199,49 @@ def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
     lines = check_batches(db, batches)
     snapshot_batches = {ln["batch"] for ln in lines if ln["op"] == "snapshot"}
     assert len(snapshot_batches) >= 2, "the copy was not split into batches"
+
+
+@pytest.mark.parametrize("sink", ["parquet", "delta", "history"])
+def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
+        db: Any, spark: Any, tmp_path: Path, sink: str) -> None:
+    """Each table's copy begins with a TRUNCATE row (``txn.snapshot_starts``), so that the
+    mirrors hold exactly the copy: a table with no rows gets a state with its columns and
+    no row, and one with rows gets them once."""
+    query(db.conninfo, """
+        CREATE TABLE filled (id int PRIMARY KEY, v text);
+        INSERT INTO filled SELECT g, 'v' || g FROM generate_series(1, 300) g;
+        CREATE TABLE empty (id int PRIMARY KEY, v text, n numeric);
+        CREATE PUBLICATION both_tables FOR TABLE filled, empty;""")
+    path = str(tmp_path / "mirror")
+    writer = {"parquet": TableStateWriter, "delta": DeltaTableWriter,
+              "history": HistoryWriter}[sink](path)
+    rows: list[dict[str, Any]] = []
+    ForeachBatchStream(spark, lambda df, _: rows.extend(r.asDict() for r in df.collect()),
+                       sinks=[writer], dsn=db.conninfo, slot="both", max_rows=100,
+                       publications=["both_tables"], checkpoint=str(tmp_path / "ck"),
+                       create_slot=True, snapshot="only").run()
+    # the change rows: one TRUNCATE per table, before its copy
+    ops = [(r["table"], r["op"]) for r in sorted(rows, key=lambda r: (r["commit_lsn"],
+                                                                       r["seq"]))]
+    assert ops.count(("empty", "TRUNCATE")) == ops.count(("filled", "TRUNCATE")) == 1
+    assert ops.index(("filled", "TRUNCATE")) < ops.index(("filled", "SNAPSHOT"))
+    assert ops.count(("filled", "SNAPSHOT")) == 300
+    with psycopg.connect(db.conninfo) as conn:
+        for table in ("filled", "empty"):
+            columns = [c for c, in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                "AND attnum > 0 ORDER BY attnum", (table,))]
+            expected = sorted(conn.execute(f"SELECT {', '.join(columns)} FROM {table}"))
+            if sink == "parquet":
+                state = read_state(spark, path, f"public.{table}")
+                assert state.columns[:len(columns)] == columns
+                got = sorted(tuple(r) for r in state.select(*columns).collect())
+            else:
+                data = read_delta(path, f"public.{table}").to_pyarrow_table()
+                assert data.column_names[:len(columns)] == columns
+                got = sorted(tuple(r[c] for c in columns) for r in data.to_pylist())
+            assert got == expected, table
+    assert slot_row(db.conninfo, "both") is not None
 
 
 def test_a_copy_spark_cannot_resume_is_refused_and_the_slot_dropped(db: Any, spark: Any,

@@ -57,6 +57,10 @@ class Transaction:
     # a transaction of the initial snapshot's rows (read-only: inserts only; xid 0, at the
     # slot's consistent point): docs/snapshot.md
     is_snapshot: bool = False
+    # in such a transaction, the table whose initial copy it begins (its first rows, or
+    # none: the table is empty): before it the copy held nothing of the table, so a copy of
+    # the table starts empty here (the Spark emitter's mirrors do)
+    snapshot_starts: Relation | None = None
     output_plugin_private: Any = None
 
 

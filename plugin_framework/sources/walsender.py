@@ -311,6 +311,7 @@ class WalsenderSource:
         # (as an incremental snapshot: docs/snapshot.md); else it starts again.
         resumable = all(t.ordered for t in tables)
         done: list[str] = []
+        started: set[str] = set()  # tables begun (copied whole here; resumed: incremental.py)
         after: dict[str, list[str | None]] = {}
         decoder = Decoder(self._proto or 1)
         pipeline.begin_snapshot()
@@ -331,7 +332,8 @@ class WalsenderSource:
                         "queue": [t.qualified for t in tables if t.qualified not in done],
                         "after": dict(after)})
                 pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
-                                       copy.read_time)
+                                       copy.read_time, first=table.qualified not in started)
+                started.add(table.qualified)
                 if resumable:
                     pipeline.snapshot_checkpoint()
                 progress.rows += len(chunk.inserts)

@@ -271,7 +271,12 @@ class ForeachBatchPlugin(OutputPlugin):
         replay = self.replay
         if replay is not None and txn.final_lsn is not None and txn.final_lsn >= replay.end:
             self._emit()  # everything of the batch being delivered again has arrived
-        self._open(self.batch, txn)
+        cur = self._open(self.batch, txn)
+        starts = getattr(txn, "snapshot_starts", None)
+        if starts is not None:
+            # The table's initial copy begins: a TRUNCATE row first, so that the mirrors
+            # start the table here, empty (an empty table gets a state). docs/spark.md
+            cur.builder.add_truncate(cur.index, [starts], txn.final_lsn)
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         cur = self._cur

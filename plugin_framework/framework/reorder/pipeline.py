@@ -424,18 +424,22 @@ class Pipeline(Streams, TwoPhase):
 
     def snapshot_rows(self, relation: RelationMessage, types: Iterable[Type],
                       inserts: Iterable[bytes], lsn: LSN, read_time: datetime,
-                      *, mark: bool = False) -> None:
+                      *, mark: bool = False, first: bool = False) -> None:
         """Rows of a table's initial copy (sources/snapshot.py), as one read-only transaction
         (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``): the table's
         description, then ``inserts``, raw pgoutput Insert messages, which take the path of
         any transaction's inserts (the change filter, the fast path). Nothing is marked
         (``end_snapshot`` marks the whole initial copy) unless ``mark``: an incremental
-        snapshot's chunk, at its own place in the stream."""
-        self._open(Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
-                               first_lsn=lsn, is_snapshot=True))
+        snapshot's chunk, at its own place in the stream. ``first``: the table's copy
+        begins here, and nothing of it was delivered before (``txn.snapshot_starts``)."""
+        txn = Transaction(0, final_lsn=lsn, end_lsn=lsn, commit_time=read_time,
+                          first_lsn=lsn, is_snapshot=True)
+        self._open(txn)
         for t in types:
             self._on_type(t, lsn, None)
         self._on_relation(relation, lsn, None)  # described first, as the stream does
+        if first:  # before the plugins' begin, which the rows bring about
+            txn.snapshot_starts = self.relations[relation.relation_id]
         self._feed_inserts(relation.relation_id, list(inserts), lsn)
         state = self._current("snapshot rows")
         self._txn = None
