@@ -63,6 +63,19 @@ static int valid_utf8(const unsigned char *s, Py_ssize_t n) {
     return 1;
 }
 
+/* Whether the bytes-like object is UTF-8: 1 or 0, or -1 with an exception (not bytes-like). */
+static int object_utf8(PyObject *data) {
+    if (PyBytes_CheckExact(data))
+        return valid_utf8((const unsigned char *)PyBytes_AS_STRING(data),
+                          PyBytes_GET_SIZE(data));
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int ok = valid_utf8(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return ok;
+}
+
 /* first_invalid_utf8(lines) -> int: the index of the first of lines (a list of bytes-like
  * objects) that is not UTF-8, or -1 if all are. */
 static PyObject *first_invalid_utf8(PyObject *self, PyObject *lines) {
@@ -72,18 +85,9 @@ static PyObject *first_invalid_utf8(PyObject *self, PyObject *lines) {
     }
     /* The GIL is held throughout: nothing can change the list or its bytes meanwhile. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
-        PyObject *line = PyList_GET_ITEM(lines, i);
-        int ok;
-        if (PyBytes_CheckExact(line)) {
-            ok = valid_utf8((const unsigned char *)PyBytes_AS_STRING(line),
-                            PyBytes_GET_SIZE(line));
-        } else {
-            Py_buffer view;
-            if (PyObject_GetBuffer(line, &view, PyBUF_SIMPLE) < 0)
-                return NULL;
-            ok = valid_utf8(view.buf, view.len);
-            PyBuffer_Release(&view);
-        }
+        int ok = object_utf8(PyList_GET_ITEM(lines, i));
+        if (ok < 0)
+            return NULL;
         if (!ok)
             return PyLong_FromSsize_t(i);
     }
@@ -92,17 +96,8 @@ static PyObject *first_invalid_utf8(PyObject *self, PyObject *lines) {
 
 /* is_utf8(data) -> bool: whether the bytes-like data is UTF-8. */
 static PyObject *is_utf8(PyObject *self, PyObject *data) {
-    int ok;
-    if (PyBytes_CheckExact(data)) {
-        ok = valid_utf8((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
-    } else {
-        Py_buffer view;
-        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-            return NULL;
-        ok = valid_utf8(view.buf, view.len);
-        PyBuffer_Release(&view);
-    }
-    return PyBool_FromLong(ok);
+    int ok = object_utf8(data);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
 static PyMethodDef methods[] = {
