@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonmirror import apply, ordered, server_tables
 from jsonschema import Draft202012Validator
+from psycopg import sql
 from recorders import with_fast_path
 from streamkit import (
     current_lsn,
@@ -522,7 +523,11 @@ def test_the_copy_reader_leaves_the_connection_usable_and_reports_errors(
 
     with psycopg.connect(db.conninfo) as conn:
         pid = conn.info.backend_pid
-        chunks = copy_chunks(conn, table, 100)
+        # a copy slow enough (30 s) to be under way when its backend is terminated: a fast
+        # one can be all sent, and over, by then
+        slow = sql.SQL("COPY (SELECT * FROM big WHERE pg_sleep(0.0005) IS NOT NULL "
+                       "ORDER BY id) TO STDOUT")
+        chunks = copy_chunks(conn, table, 100, statement=slow)
         next(chunks)
         query(db.conninfo, "SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(psycopg.OperationalError):

@@ -230,6 +230,10 @@ static PyObject *read_messages(PyObject *self, PyObject *args) {
         } else if (n == 0) {  /* no whole row buffered: wait for the server */
             struct pollfd pfd = {pq_socket(conn), POLLIN, 0};
             int r;
+            if (pfd.fd < 0) {  /* the connection is gone: libpq's error says why */
+                status = -2;
+                break;
+            }
             do {
                 r = poll(&pfd, 1, -1);
             } while (r < 0 && errno == EINTR);
