@@ -5,7 +5,8 @@
  * The initial snapshot's fast path (sources/snapshot.py). Its reference is the Python path
  * beside it: psycopg's COPY parser (Copy.rows()) and the protocol encoder
  * (encode(Insert(...))); tests/test_snapshot.py holds the two byte-equal on rows a real
- * server copies out. The text format (PostgreSQL's CopyReadAttributesText): fields separated
+ * server copies out, and tests/test_copyrow.py holds the conversion to the format below on
+ * any bytes. The text format (PostgreSQL's CopyReadAttributesText): fields separated
  * by a tab, the row ended by a newline, \N alone for NULL, and backslash escapes: \b \f \n \r
  * \t \v, one to three octal digits, x and one or two hex digits, any other character itself.
  *
@@ -13,7 +14,7 @@
  * thread's reading and conversion run beside the pipeline's formatting instead of taking
  * turns with it. Its reference is sources/snapshot.py's copy_out loop (psycopg.pq's
  * get_copy_data, then insert_message): the same libpq calls, in the same order. libpq is the
- * library psycopg loaded, whose functions sources/snapshot.py binds (bind_libpq).
+ * library psycopg loaded, whose functions sources/libpq.py binds (bind_libpq).
  */
 
 #define PY_SSIZE_T_CLEAN
