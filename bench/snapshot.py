@@ -11,13 +11,15 @@ embedded 18), fills the benchmarks' seven-column table (bench/workload.py) with 
 - pgdecode: `pgdecode stream --create-slot --snapshot only --emitter json -f FILE` with a
   new slot each time (slot creation, the copy and the JSON lines, process start included).
 
-It prints rows/s of each (best run) and the ratio pgdecode/copy; no thresholds, exit 0.
+It prints rows/s of each (best run, and the median run) and the ratio pgdecode/copy; no
+thresholds, exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,12 +86,16 @@ def main() -> None:
             lines = (Path(tmp) / "out.jsonl").read_bytes().count(b"\n")
         assert lines == args.rows, (lines, args.rows)
         copy_rate, our_rate = args.rows / min(copies), args.rows / min(ours)
+        copy_median, our_median = (args.rows / statistics.median(t) for t in (copies, ours))
         print(f"PostgreSQL {cluster.major_version}, {args.rows:,} rows, {os.cpu_count()} cores, "
-              f"--snapshot-workers {args.workers}, best of {args.runs}")
-        for name, value in (("psql \\copy TO file", f"{copy_rate:,.0f} rows/s"),
-                            ("pgdecode --snapshot only (json)", f"{our_rate:,.0f} rows/s"),
-                            ("ratio pgdecode / copy", f"{our_rate / copy_rate:.2f}")):
-            print(f"{name:<40} {value:>16}")
+              f"--snapshot-workers {args.workers}, {args.runs} runs each: best (median)")
+        for name, best, median in (
+                ("psql \\copy TO file", f"{copy_rate:,.0f} rows/s", f"{copy_median:,.0f}"),
+                ("pgdecode --snapshot only (json)", f"{our_rate:,.0f} rows/s",
+                 f"{our_median:,.0f}"),
+                ("ratio pgdecode / copy", f"{our_rate / copy_rate:.2f}",
+                 f"{our_median / copy_median:.2f}")):
+            print(f"{name:<40} {best:>16} ({median})")
     finally:
         cluster.cleanup()
 
