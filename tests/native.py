@@ -104,6 +104,16 @@ def binary(change: Any) -> bool:
                            getattr(change, "old", None)))
 
 
+def decodes(raw: bytes) -> bool:
+    """Whether ``raw`` is UTF-8 as Python's strict decoder takes it: the reference of the
+    textual checks and of the C formatters' string columns."""
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class Run:
     """An emitter's records for some messages, or its error; how many changes its formatter
     wrote ("fast") and left to the change callback ("declined")."""

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native import both, changes, damaged_outcomes_agree, relations, transaction
+from native import both, changes, damaged_outcomes_agree, decodes, relations, transaction
 from recorders import with_fast_path
 
 from emitters.json import JsonEmitter
@@ -134,17 +134,9 @@ def declines(m: Any) -> bool:
     that is not UTF-8 in a column it writes as a string."""
     for row in (getattr(m, "new", None), getattr(m, "key", None), getattr(m, "old", None)):
         if row is not None and (b"b" in row.kinds
-                                or any(v is not None and not _utf8(v) for v in row.values)):
+                                or any(v is not None and not decodes(v) for v in row.values)):
             return True
     return False
-
-
-def _utf8(raw: bytes) -> bool:
-    try:
-        raw.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

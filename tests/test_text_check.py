@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from native import decodes
 
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError, MemoryOutput, OutputPlugin, Pipeline
@@ -22,14 +23,6 @@ from plugin_framework.protocol import Insert, RelationColumn, RelationMessage, T
 
 _text = pytest.importorskip("plugin_framework.framework.native._text",
                             reason="built without a C compiler")
-
-
-def decodes(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def reference(lines: list[bytes]) -> int:

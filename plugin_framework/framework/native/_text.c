@@ -109,7 +109,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "plugin_framework.framework.native._text",
-    "The textual-output check of a run of lines.", -1, methods,
+    "The textual-output check of a line or of a run of lines.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__text(void) { return PyModule_Create(&module); }

@@ -1,5 +1,5 @@
-# The C module plugin_framework/framework/native/_text.c: the textual-output check of a run of
-# lines.
+# The C module plugin_framework/framework/native/_text.c: the textual-output check of a line
+# or of a run of lines.
 
 def first_invalid_utf8(lines: list[bytes], /) -> int: ...
 def is_utf8(data: bytes, /) -> bool: ...
