@@ -149,15 +149,17 @@ def _norm(value: Any) -> Any:
 
 
 def table_rows(db: Any, table: str) -> Counter[tuple[Any, ...]]:
-    """The table as SELECT shows it, equal rows counted: text for json, the rest in
-    psycopg's Python types, timestamptz in UTC."""
+    """The table as SELECT shows it, equal rows counted: text for json and for numeric
+    without a precision (Spark holds it as a string, every digit kept: docs/spark.md), the
+    rest in psycopg's Python types, timestamptz in UTC."""
     cols = [r[0] for r in db.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum", (table,))]
     types = dict(db.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
-    select = ", ".join(f"{c}::text" if types[c] in ("jsonb", "json") else c for c in cols)
+    select = ", ".join(f"{c}::text" if types[c] in ("jsonb", "json", "numeric") else c
+                       for c in cols)
     return Counter(tuple(_norm(v) for v in row)
                    for row in db.execute(f"SELECT {select} FROM {table}"))
 

@@ -266,8 +266,9 @@ def prepared_across_kill9(db: Any, env: dict[str, str], tmp_path: Path,
         after_prepare = current_lsn(db.conninfo)
         if two_phase_slot:
             # The two-phase plugin has the PREPARE, durably.
-            progress = Path(f"{out}.probe-2pc.progress")
-            wait_for(lambda: LSN(json.loads(progress.read_text())["lsn"]) >= after_prepare,
+            progress = Path(f"{out}.probe-2pc.progress")  # written at its first flush
+            wait_for(lambda: progress.exists()
+                     and LSN(json.loads(progress.read_text())["lsn"]) >= after_prepare,
                      what="the PREPARE in the two-phase plugin's file")
         insert(db.conninfo, 1000, 1000 + BIG - 1, "big")
         wait_for(lambda: size(plain) > 300_000, timeout=120, interval=0.01,

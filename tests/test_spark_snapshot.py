@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 from jsonmirror import loads
-from spark_fixtures import spark_env, spark_session  # noqa: F401  (the fixture "spark")
+from spark_fixtures import (  # noqa: F401  (the fixture "spark")
+    delta_rows,
+    spark_env,
+    spark_session,
+    table_columns,
+    table_rows,
+)
 from streamkit import current_lsn, query, slot_row, start_cli, wait_for
 from test_snapshot import (
     TABLES,
@@ -100,7 +107,9 @@ def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
     """`pgdecode stream --emitter spark --create-slot --snapshot initial`, killed with
     SIGKILL at least 5 times during the copy (mostly inside the foreachBatch function) while
     a writer changes the tables, then run to the end: every snapshot row is in exactly one
-    batch, and the batches applied in order give the server's tables."""
+    batch, the batches applied in order give the server's tables, and so does the Delta
+    mirror the same runs keep (`-o delta-path`: each table's copy begins with a TRUNCATE
+    row, which must never land after rows of the table)."""
     make_tables(db.conninfo)
     batches = tmp_path / "batches"
     batches.mkdir()
@@ -113,6 +122,7 @@ def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
         "stream", "-d", db.conninfo, "-S", "sparksnap", "--publication", "pub",
         "--create-slot", "--snapshot", "initial", "--emitter", "spark",
         "-o", f"checkpoint={checkpoint}", "-o", "foreach-batch=keep_batch:keep",
+        "-o", f"delta-path={tmp_path / 'delta'}",
         "-o", "max-rows=15000", "-o", "master=local[2]",
         "-o", "spark-conf=spark.ui.enabled=false,spark.driver.extraJavaOptions="
               "-XX:TieredStopAtLevel=1", "--status-interval", "0.5"]
@@ -168,6 +178,13 @@ def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
     assert "delivered again from the checkpoint" in log
     check_batches(db, batches)
     assert not list((checkpoint / "data").iterdir()), "stored rows left behind"
+    for schema, table in TABLES:
+        name = f"{schema}.{table}"
+        expected = table_rows(db, name)
+        mirrored = Counter(delta_rows(str(tmp_path / "delta"), name, table_columns(db, name)))
+        assert mirrored == expected, (
+            f"{name}: {len(expected - mirrored)} rows missing from the Delta mirror, "
+            f"{len(mirrored - expected)} unexpected")
 
 
 def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
