@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -24,6 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     then masked in the process title (see proctitle)."""
     if argv is None:
         hide_password()
+        # This process is the command: what it imported lives as long as it does. Keep the
+        # cycle collector from traversing all of that in each full collection of a long run
+        # and once more at exit (50-80 ms of a short command's time).
+        gc.freeze()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
