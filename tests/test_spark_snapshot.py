@@ -50,6 +50,7 @@ from plugin_framework.spark import (
     read_state,
 )
 from plugin_framework.spark.checkpoint import Checkpoint
+from plugin_framework.spark.source_snapshot import has_work
 
 pytestmark = pytest.mark.slow
 
@@ -259,6 +260,73 @@ def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
                 got = sorted(tuple(r[c] for c in columns) for r in data.to_pylist())
             assert got == expected, table
     assert slot_row(db.conninfo, "both") is not None
+
+
+@pytest.mark.parametrize("sink", ["parquet", "delta"])
+def test_a_resumed_copy_still_starts_each_table_it_had_not_begun(
+        db: Any, spark: Any, tmp_path: Path, caplog: Any, sink: str) -> None:
+    """A copy cut short goes on in incremental chunks; a table it had not begun still
+    begins with a TRUNCATE row (at its first chunk's low watermark), so an empty one gets a
+    state, and one with rows gets them once; a table it had begun does not begin again."""
+    query(db.conninfo, """
+        CREATE TABLE big (id int PRIMARY KEY, v text);
+        INSERT INTO big SELECT g, 'v' || g FROM generate_series(1, 12000) g;
+        CREATE TABLE later (id int PRIMARY KEY, v text);
+        INSERT INTO later SELECT g, 'w' || g FROM generate_series(1, 700) g;
+        CREATE TABLE zempty (id int PRIMARY KEY, v text, n numeric);
+        CREATE PUBLICATION three FOR TABLE big, later, zempty;""")
+    path = str(tmp_path / "mirror")
+    kept: dict[int, list[dict[str, Any]]] = {}  # the change rows, by batch (as a sink keeps)
+
+    def crash_in_second_batch(df: Any, batch_id: int) -> None:
+        if batch_id == 1:
+            raise RuntimeError("the driver died")
+        kept[batch_id] = [r.asDict() for r in df.collect()]
+
+    def make(fn: Any) -> ForeachBatchStream:
+        writer = TableStateWriter(path) if sink == "parquet" else DeltaTableWriter(path)
+        # one copy connection: tables in name order, so the crash comes before "later"
+        return ForeachBatchStream(spark, fn, sinks=[writer], dsn=db.conninfo, slot="resumed",
+                                  publications=["three"], checkpoint=str(tmp_path / "ck"),
+                                  create_slot=True, snapshot="initial", snapshot_workers=1,
+                                  max_rows=5000, reconnect=False)
+
+    with pytest.raises(Exception, match="the driver died"):
+        make(crash_in_second_batch).run()
+    begun = {r["table"] for rows in kept.values() for r in rows}
+    assert begun == {"big"}, begun
+    stream = make(lambda df, batch_id: kept.__setitem__(
+        batch_id, [r.asDict() for r in df.collect()])).start()
+
+    def copied() -> bool:
+        tables = {r["table"] for rows in kept.values() for r in rows}
+        return "later" in tables and not has_work(Checkpoint(tmp_path / "ck").snapshot_progress)
+
+    try:
+        wait_for(lambda: stream.error is not None or copied(), timeout=300,
+                 what="the resumed copy done")
+    finally:
+        stream.stop()
+        stream.join(120)
+    assert "going on with the tables left as an incremental snapshot" in caplog.text
+    ops = [(r["table"], r["op"]) for batch in sorted(kept) for r in sorted(
+        kept[batch], key=lambda r: (r["commit_lsn"], r["seq"]))]
+    for table in ("big", "later", "zempty"):
+        assert ops.count((table, "TRUNCATE")) == 1, table
+    assert ops.index(("later", "TRUNCATE")) < ops.index(("later", "SNAPSHOT"))
+    assert ops.count(("later", "SNAPSHOT")) == 700
+    with psycopg.connect(db.conninfo) as conn:
+        for table, columns in (("big", ["id", "v"]), ("later", ["id", "v"]),
+                               ("zempty", ["id", "v", "n"])):
+            expected = sorted(conn.execute(f"SELECT {', '.join(columns)} FROM {table}"))
+            if sink == "parquet":
+                state = read_state(spark, path, f"public.{table}")
+                got = sorted(tuple(r) for r in state.select(*columns).collect())
+            else:
+                data = read_delta(path, f"public.{table}").to_pyarrow_table()
+                assert data.column_names[:len(columns)] == columns
+                got = sorted(tuple(r[c] for c in columns) for r in data.to_pylist())
+            assert got == expected, table
 
 
 def test_a_copy_spark_cannot_resume_is_refused_and_the_slot_dropped(db: Any, spark: Any,

@@ -126,6 +126,9 @@ class IncrementalSnapshot:
         self.done: list[str] = []
         # where to go on with a queued table an earlier run had begun (``resume``)
         self.resume_after: dict[str, Key] = {}
+        # tables of an initial copy (walsender.py) that no output holds anything of: each
+        # one's copy begins at its first chunk's low watermark (``_begin_copy``)
+        self.starts: list[str] = []
         self.asked: set[str] = set()  # tables a request message asked for
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -228,6 +231,8 @@ class IncrementalSnapshot:
             return
         if body.get("mark") == "low":
             window.open = True
+            if window.after is None and window.table in self.starts and not window.replay:
+                self._begin_copy(window.table, lsn)
         elif body.get("mark") == "high" and window.open:
             self._deliver(window, lsn)
 
@@ -266,6 +271,19 @@ class IncrementalSnapshot:
             log.info("incremental snapshot of %s done: %d rows", table.copy.qualified,
                      table.rows)
 
+    def _begin_copy(self, name: str, lsn: LSN) -> None:
+        """The copy of a table of an initial copy begins here, before the first chunk's
+        window: a snapshot transaction with no rows and ``snapshot_starts`` (a mirror
+        starts the table there, empty, as for an uninterrupted copy; docs/framework.md).
+        Not at the high watermark: the stream's changes inside the window are the rows'
+        values, and would go with the table."""
+        table = self.current
+        assert table is not None and table.copy.relation is not None
+        self.starts.remove(name)
+        self._note_progress()  # recorded with the next mark, which comes after it
+        self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, [], lsn, _now(),
+                                    first=True)
+
     def _note_progress(self) -> None:
         """Tell the outputs that record it (FILE.progress) where the snapshots stand after
         the chunk being delivered: a restart resumes there."""
@@ -283,6 +301,8 @@ class IncrementalSnapshot:
             state["table"] = table.copy.qualified
             if table.after is not None:
                 state["after"][table.copy.qualified] = key_text(table.after)
+        if self.starts:
+            state["starts"] = list(self.starts)
         return state
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -296,7 +316,12 @@ class IncrementalSnapshot:
                                               for v in key)
                              for name, key in (state.get("after") or {}).items()}
         table = state.get("table")
-        for name in ([table] if table is not None else []) + list(state.get("queue", [])):
+        names = ([table] if table is not None else []) + list(state.get("queue", []))
+        if state.get("initial"):  # an initial copy's record: the tables it had not begun
+            self.starts = [str(n) for n in names if n not in self.resume_after]
+        else:
+            self.starts = [str(n) for n in state.get("starts", [])]
+        for name in names:
             self.request(str(name))
             log.info("incremental snapshot of %s: resumed after key %s", name,
                      state.get("after", {}).get(name))
