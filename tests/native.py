@@ -171,23 +171,30 @@ def lsns_agree(write: Any, calls: list[tuple[bytes, Any, Any]]) -> None:
 
 def lines_agree(write: Any, calls: list[tuple[bytes, Any, Any]]) -> None:
     """A formatter's ``lines``, from any start in the messages it was given one by one, is
-    its ``line`` of each message in turn up to the first it declines (or the same error)."""
+    its ``line`` of each message in turn up to the first it declines (or the same error):
+    all at one LSN, and each at its own (a list of LSNs, as a replay hands over)."""
     if not hasattr(write, "lines"):
         return
     datas = [data for data, _, _ in calls]
     for start, (_, lsn, txn) in enumerate(calls):
-        expected: list[bytes] = []
-        try:
-            for data in datas[start:]:
-                line = write(data, lsn, txn)
-                if line is None:
-                    break
-                expected.append(line)
-        except Exception as exc:
-            with pytest.raises(type(exc)):
-                write.lines(datas, start, lsn, txn)
-            continue
-        assert write.lines(datas, start, lsn, txn) == (expected, start + len(expected))
+        # the LSN of every message, or of each (distinct ones, the edges among them)
+        own = [LSN(EDGE_LSNS[i % len(EDGE_LSNS)]) for i in range(len(datas))]
+        for at in (lsn, own):
+            expected: list[bytes] = []
+            try:
+                for i in range(start, len(datas)):
+                    line = write(datas[i], at[i] if isinstance(at, list) else at, txn)
+                    if line is None:
+                        break
+                    expected.append(line)
+            except Exception as exc:
+                with pytest.raises(type(exc)):
+                    write.lines(datas, start, at, txn)
+                continue
+            assert write.lines(datas, start, at, txn) == (expected, start + len(expected))
+        if start < len(datas):  # a list that leaves out a message's LSN is refused
+            with pytest.raises((ValueError, OverflowError, TypeError)):
+                write.lines(datas, start, own[:start], txn)
 
 
 def damaged_outcomes_agree(plugin: Callable[[], Any], relation: RelationMessage,

@@ -216,7 +216,8 @@ def with_fast_path(plugin: Any, counts: Counter[str], fast: bool = True,
             records, taken = self.write.lines(datas, start, lsn, txn)
             counts["fast"] += len(records)
             counts["batched"] += len(records)
-            counts["declined"] += taken < len(datas)
+            if taken < len(datas):
+                counts["declined"] += 1
             return records, taken
 
     def compiled(ctx: Any, relation: Any) -> Any:

@@ -49,8 +49,8 @@ class FastLines(Protocol):
     """A formatter's optional ``lines``: its records for a run of raw row changes (see
     hookspecs.fast_change)."""
 
-    def __call__(self, datas: list[bytes], start: int, lsn: LSN, txn: Transaction,
-                 /) -> tuple[list[bytes], int]: ...
+    def __call__(self, datas: list[bytes], start: int, lsn: LSN | list[LSN],
+                 txn: Transaction, /) -> tuple[list[bytes], int]: ...
 
 
 @dataclass(eq=False)
@@ -131,10 +131,11 @@ class LogicalDecodingContext:
         self._check_textual(data)
         self.output.write(new_record(lsn, xid, data))
 
-    def write_records(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
-        """``write_record`` for each of ``datas`` (a formatter's ``lines``), in one call of
-        the output where it has ``write_many``."""
-        self.write_location = lsn
+    def write_records(self, lsn: LSN | list[LSN], xid: int | None,
+                      datas: list[bytes]) -> None:
+        """``write_record`` for each of ``datas`` (a formatter's ``lines``) at ``lsn``, or at
+        its own of a list of LSNs, in one call of the output where it has ``write_many``."""
+        self.write_location = lsn[-1] if isinstance(lsn, list) else lsn
         self.write_xid = xid
         if self.options.output_type is OutputType.TEXTUAL:
             self._check_lines(datas)

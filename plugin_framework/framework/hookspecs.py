@@ -150,7 +150,9 @@ def fast_change(ctx: Any, relation: Any) -> Any:
     reference. It exists for speed: the built-in emitters' formatters are written in C.
 
     A formatter may also have ``lines(datas, start, lsn, txn)``: the records ``write`` would
-    return for ``datas[start]``, ``datas[start + 1]``, ... (a list of messages at one LSN), up
-    to the first for which it would return None, as ``(records, next)``, ``next`` that
-    message's index or ``len(datas)``. The pipeline uses it for runs of changes it has all at
-    once (an initial snapshot's chunk); its formatter must not return True."""
+    return for ``datas[start]``, ``datas[start + 1]``, ... (a list of messages), up to the
+    first for which it would return None, as ``(records, next)``, ``next`` that message's
+    index or ``len(datas)``. ``lsn`` is every message's LSN, or a list of each one's (at the
+    same index). The pipeline uses it for runs of changes it has all at once (an initial
+    snapshot's chunk, at one LSN; a transaction replayed from the spool, a list); its
+    formatter must not return True."""

@@ -46,14 +46,20 @@ def new_record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:
     return record
 
 
-def write_many(output: Output, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
-    """A record of each of ``datas`` at ``lsn`` and ``xid``, in order: in one call where the
-    output has ``write_many``, else one ``write`` each."""
+def write_many(output: Output, lsn: LSN | list[LSN], xid: int | None,
+               datas: list[bytes]) -> None:
+    """A record of each of ``datas`` at ``lsn`` (or at its own of a list of LSNs, at the same
+    index) and ``xid``, in order: in one call where the output has ``write_many``, else one
+    ``write`` each."""
     many = getattr(output, "write_many", None)
     if many is not None:
         many(lsn, xid, datas)
         return
     write = output.write
+    if isinstance(lsn, list):
+        for at, data in zip(lsn, datas, strict=True):
+            write(new_record(at, xid, data))
+        return
     for data in datas:
         write(new_record(lsn, xid, data))
 
@@ -89,8 +95,10 @@ class Output(Protocol):
     # short by a lost connection (the server sends it again from its start).
     #   def savepoint(self) -> object: where the output is now
     #   def rollback_to(self, savepoint: object) -> None: drop everything written since
-    # Optional: many records of one LSN and xid in one call (write_many below calls it).
-    #   def write_many(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None
+    # Optional: many records of one xid in one call (write_many below calls it), at one LSN
+    # or at each one's (a list of LSNs, at the same index as the records).
+    #   def write_many(self, lsn: LSN | list[LSN], xid: int | None,
+    #                  datas: list[bytes]) -> None
 
 
 class MemoryOutput:
@@ -369,7 +377,7 @@ class FileOutput:
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes
 
-    def write_many(self, lsn: LSN, xid: int | None, datas: list[bytes]) -> None:
+    def write_many(self, lsn: LSN | list[LSN], xid: int | None, datas: list[bytes]) -> None:
         if datas:
             self._write(b"\n".join(datas))
             self._write(b"\n")

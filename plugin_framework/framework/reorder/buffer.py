@@ -154,22 +154,28 @@ class ReorderBufferState:
                 change = self._unfiltered_change(message, lsn, state)
             member.call_change(lsn, xid, view, change)
 
-    def _deliver_many(self, writers: list[FastWriter], datas: list[bytes], lsn: LSN,
-                      xid: int, state: TxnState) -> None:
-        """``_deliver`` of each of ``datas`` in turn, raw row changes at one LSN that the
-        change_filter would pass unaltered: a member's formatter takes a run of them in one
-        call where it has ``lines``. Each member gets them all before the next one does
-        (each has its own output, so only its own order counts)."""
+    def _deliver_many(self, writers: list[FastWriter], datas: list[bytes],
+                      lsn: LSN | list[LSN], xid: int, state: TxnState) -> None:
+        """``_deliver`` of each of ``datas`` in turn, raw row changes (in the non-streamed
+        form) that the change_filter would pass unaltered, at ``lsn`` or at each one's of a
+        list of LSNs: a member's formatter takes a run of them in one call where it has
+        ``lines``. Each member gets them all before the next one does (each has its own
+        output, so only its own order counts)."""
         if len(datas) > DELIVERY_RUN:
             for i in range(0, len(datas), DELIVERY_RUN):
-                self._deliver_many(writers, datas[i:i + DELIVERY_RUN], lsn, xid, state)
+                self._deliver_many(writers, datas[i:i + DELIVERY_RUN],
+                                   lsn[i:i + DELIVERY_RUN] if isinstance(lsn, list) else lsn,
+                                   xid, state)
             return
+        at = lsn if isinstance(lsn, list) else [lsn] * len(datas)  # each change's
+        decoder = self.decoder  # (never inside a stream block here)
         # Members whose formatter has no lines(): one change at a time, all together (a
         # change the callback needs is decoded once for them, as feed does).
         single = [w for w in writers if getattr(w[2], "lines", None) is None]
         if single:
-            for data in datas:
-                self._deliver(single, data, lsn, xid, None, decoder=self.decoder, state=state)
+            for i, data in enumerate(datas):
+                self._deliver(single, data, at[i], xid, None,
+                              decoder=decoder, state=state)
         end = len(datas)
         for member, view, write in writers:
             lines = getattr(write, "lines", None)
@@ -180,8 +186,8 @@ class ReorderBufferState:
             while i < end:
                 i = member.call_fast_lines(lines, datas, i, lsn, xid, view)
                 if i < end:
-                    self._deliver(declined, datas[i], lsn, xid, None, decoder=self.decoder,
-                                  state=state)
+                    self._deliver(declined, datas[i], at[i], xid, None,
+                                  decoder=decoder, state=state)
                     i += 1
 
     def _raw_verdict(self, rel: Relation | None) -> Callable[[bytes], int] | None:

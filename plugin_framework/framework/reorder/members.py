@@ -97,19 +97,23 @@ class Member:
             raise self._error("change", lsn, exc) from exc
         return True
 
-    def call_fast_lines(self, lines: FastLines, datas: list[bytes], start: int, lsn: LSN,
-                        xid: int | None, txn: Transaction) -> int:
+    def call_fast_lines(self, lines: FastLines, datas: list[bytes], start: int,
+                        lsn: LSN | list[LSN], xid: int | None, txn: Transaction) -> int:
         """``call_fast_change`` for ``datas[start]``, ``datas[start + 1]``, ... in one call of
-        the formatter's ``lines``: the index of the first change it did not take (the
-        change callback's then), or ``len(datas)``."""
+        the formatter's ``lines``, at ``lsn`` or at each one's of a list of LSNs: the index
+        of the first change it did not take (the change callback's then), or
+        ``len(datas)``."""
         try:
             records, taken = lines(datas, start, lsn, txn)
             if records:
-                self.ctx.write_records(lsn, xid, records)
+                self.ctx.write_records(
+                    lsn[start:start + len(records)] if isinstance(lsn, list) else lsn, xid,
+                    records)
         except CallbackError:
             raise
         except Exception as exc:
-            raise self._error("change", lsn, exc) from exc
+            at = lsn[min(start, len(lsn) - 1)] if isinstance(lsn, list) else lsn
+            raise self._error("change", at, exc) from exc
         return taken
 
     def _error(self, cb: str, lsn: LSN, exc: Exception) -> CallbackError:

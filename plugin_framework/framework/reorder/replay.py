@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from plugin_framework.framework.model import Relation, Transaction
-from plugin_framework.framework.reorder.buffer import ReorderBufferState
+from plugin_framework.framework.reorder.buffer import DELIVERY_RUN, ReorderBufferState
 from plugin_framework.framework.reorder.txn import (
     RAW_PASS,
     RAW_UNSURE,
@@ -68,6 +68,17 @@ class Replay(ReorderBufferState):
                 fast = {}
             # under a change_filter: per relation id, the raw change filter's verdicts
             verdicts: dict[int, Callable[[bytes], int] | None] = {}
+            # a run of changes that the same formatters take as they are: delivered in one
+            # go (``_deliver_many``, each at its LSN) before anything else is
+            run: list[bytes] = []
+            run_lsns: list[LSN] = []
+            run_writers: list[FastWriter] = []
+
+            def deliver_run() -> None:
+                self._deliver_many(run_writers, run, run_lsns, txn.xid, overlay)
+                run.clear()  # (nothing keeps them: lines() and the outputs copy)
+                run_lsns.clear()
+
             for lsn, xid, in_stream, raw in spool:
                 if keepalive is not None:
                     keepalive()
@@ -88,26 +99,36 @@ class Replay(ReorderBufferState):
                         if self.change_filter is not None:
                             verdicts[relid] = self._raw_verdict(rel)
                     if writers is not None:
-                        decoder.in_stream = in_stream
                         verdict = RAW_PASS
                         if self.change_filter is not None:
                             check = verdicts[relid]
                             verdict = RAW_UNSURE if check is None else check(data)
                         if verdict == RAW_PASS:
-                            self._deliver(writers, data, lsn, txn.xid, None, raw=raw,
-                                          decoder=decoder, state=overlay)
+                            if writers is not run_writers or len(run) >= DELIVERY_RUN:
+                                if run:
+                                    deliver_run()
+                                run_writers = writers
+                            run.append(data)
+                            run_lsns.append(lsn)
                         elif verdict == RAW_UNSURE:
+                            if run:
+                                deliver_run()
+                            decoder.in_stream = in_stream
                             message = decoder.decode(raw)
                             assert isinstance(message, Insert | Update | Delete)
                             self._deliver_filtered(
                                 writers, self._unfiltered_change(message, lsn, overlay), data,
                                 lsn, txn.xid)
                         continue
+                if run:
+                    deliver_run()
                 decoder.in_stream = in_stream
                 msg = decoder.decode(raw)
                 if fast is not None and isinstance(msg, RelationMessage):
                     fast.pop(msg.relation_id, None)  # formatters of the old description
                 self._replay_one(msg, lsn, members, views, overlay)
+            if run:
+                deliver_run()
         end = txn.end_lsn or final_lsn
         for i in members:
             if prepared:

@@ -304,7 +304,8 @@ static inline PyObject *row_call(PyObject *self, PyObject *args, PyObject *kwarg
 /* The body of a RowFormat's lines(datas, start, lsn, txn): what line(data, lsn, txn) gives
  * for datas[start], datas[start + 1], ... (a list of bytes), up to the first message it
  * would give None for, as (lines, next): next is that message's index, or len(datas). The
- * same `format` as line() writes each; only the calls from Python are saved. */
+ * same `format` as line() writes each; only the calls from Python are saved. lsn: one for
+ * all of them, or a list with each one's at its index (a replayed transaction's changes). */
 static inline PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t ncols,
                                   PyObject *const *args, Py_ssize_t nargs, format_fn format) {
     if (check_made(made) < 0)
@@ -325,9 +326,14 @@ static inline PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t nco
         PyErr_SetString(PyExc_ValueError, "lines(): start must not be negative");
         return NULL;
     }
-    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[2]);
-    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
+    /* lsn: every change's, or a list of each one's (datas[i] at lsns[i]) */
+    PyObject *lsns = PyList_Check(args[2]) ? args[2] : NULL;
+    unsigned long long lsn = 0;
+    if (lsns == NULL) {
+        lsn = PyLong_AsUnsignedLongLong(args[2]);
+        if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
     ScratchCols s;
     if (scratch_init(&s, ncols) < 0)
         return NULL;
@@ -341,6 +347,18 @@ static inline PyObject *row_lines(PyObject *self, PyObject *made, Py_ssize_t nco
             PyErr_SetString(PyExc_TypeError, "lines(): datas must be a list of bytes");
             Py_CLEAR(out);
             break;
+        }
+        if (lsns != NULL) {
+            if (i >= PyList_GET_SIZE(lsns)) {
+                PyErr_SetString(PyExc_ValueError, "lines(): fewer lsns than datas");
+                Py_CLEAR(out);
+                break;
+            }
+            lsn = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(lsns, i));
+            if (lsn == (unsigned long long)-1 && PyErr_Occurred()) {
+                Py_CLEAR(out);
+                break;
+            }
         }
         Py_INCREF(data);
         b.len = 0;
