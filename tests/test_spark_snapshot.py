@@ -244,8 +244,15 @@ def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
     assert ops.count(("empty", "TRUNCATE")) == ops.count(("filled", "TRUNCATE")) == 1
     assert ops.index(("filled", "TRUNCATE")) < ops.index(("filled", "SNAPSHOT"))
     assert ops.count(("filled", "SNAPSHOT")) == 300
+    mirrors_equal(db, spark, sink, path, ["filled", "empty"])
+    assert slot_row(db.conninfo, "both") is not None
+
+
+def mirrors_equal(db: Any, spark: Any, sink: str, path: str, tables: list[str]) -> None:
+    """Each of ``tables`` (in public) has a state in the sink's mirror at ``path``, with the
+    table's columns first, holding exactly its rows (an empty table: none)."""
     with psycopg.connect(db.conninfo) as conn:
-        for table in ("filled", "empty"):
+        for table in tables:
             columns = [c for c, in conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
                 "AND attnum > 0 ORDER BY attnum", (table,))]
@@ -259,7 +266,6 @@ def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
                 assert data.column_names[:len(columns)] == columns
                 got = sorted(tuple(r[c] for c in columns) for r in data.to_pylist())
             assert got == expected, table
-    assert slot_row(db.conninfo, "both") is not None
 
 
 @pytest.mark.parametrize("sink", ["parquet", "delta"])
@@ -315,18 +321,7 @@ def test_a_resumed_copy_still_starts_each_table_it_had_not_begun(
         assert ops.count((table, "TRUNCATE")) == 1, table
     assert ops.index(("later", "TRUNCATE")) < ops.index(("later", "SNAPSHOT"))
     assert ops.count(("later", "SNAPSHOT")) == 700
-    with psycopg.connect(db.conninfo) as conn:
-        for table, columns in (("big", ["id", "v"]), ("later", ["id", "v"]),
-                               ("zempty", ["id", "v", "n"])):
-            expected = sorted(conn.execute(f"SELECT {', '.join(columns)} FROM {table}"))
-            if sink == "parquet":
-                state = read_state(spark, path, f"public.{table}")
-                got = sorted(tuple(r) for r in state.select(*columns).collect())
-            else:
-                data = read_delta(path, f"public.{table}").to_pyarrow_table()
-                assert data.column_names[:len(columns)] == columns
-                got = sorted(tuple(r[c] for c in columns) for r in data.to_pylist())
-            assert got == expected, table
+    mirrors_equal(db, spark, sink, path, ["big", "later", "zempty"])
 
 
 def test_a_copy_spark_cannot_resume_is_refused_and_the_slot_dropped(db: Any, spark: Any,
