@@ -36,7 +36,16 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
-from plugin_framework.protocol import LSN, Decoder, Delete, Insert, LogicalMessage, Update
+from plugin_framework.protocol import (
+    LSN,
+    Decoder,
+    Delete,
+    Insert,
+    LogicalMessage,
+    TupleData,
+    Update,
+    encode,
+)
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.snapshot import (
     Key,
@@ -57,6 +66,7 @@ MAX_RETRIES = 20  # reads of one chunk whose window streamed or prepared transac
 _M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
 # Streamed and prepared transactions are not in commit order (see the module's text)
 _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
+_UNCHANGED = ord("u")  # a TupleData column kind: an unchanged TOAST value, not sent
 
 
 
@@ -81,6 +91,10 @@ class Window:
     keys: list[Key]
     open: bool = False  # the low watermark has come by in the stream
     changed: set[Key] = field(default_factory=set)
+    # the table's changes in the window, in order: (old key, new key, new row); an insert
+    # has no old key, a delete no new key or row
+    moves: list[tuple[Key | None, Key | None, TupleData | None]] = \
+        field(default_factory=list)
     dirty: bool = False  # a streamed or prepared transaction crossed it
     # read again for a batch planned again (Spark's source): every row, at the high watermark
     replay: bool = False
@@ -91,6 +105,7 @@ class Window:
         """The stream is read again from before the low watermark (a peek at a slot)."""
         self.open = self.replay
         self.changed = set()
+        self.moves = []
         self.dirty = False
 
 
@@ -206,10 +221,17 @@ class IncrementalSnapshot:
             window.dirty = True
             return False
         positions = [relation.index[name] for name in table.copy.key]
-        for tuple_ in (getattr(message, "new", None), getattr(message, "key", None),
-                       getattr(message, "old", None)):
+        keys: dict[str, Key] = {}
+        for name in ("new", "key", "old"):
+            tuple_ = getattr(message, name, None)
             if tuple_ is not None:
-                window.changed.add(tuple(tuple_.values[i] for i in positions))
+                keys[name] = tuple(tuple_.values[i] for i in positions)
+                window.changed.add(keys[name])
+        new = getattr(message, "new", None)
+        old = keys.get("old", keys.get("key"))
+        if isinstance(message, Update) and old is None:
+            old = keys["new"]  # the key did not change
+        window.moves.append((old, keys.get("new"), new))
         return False
 
     def _on_message(self, message: LogicalMessage, lsn: LSN) -> None:
@@ -256,6 +278,7 @@ class IncrementalSnapshot:
         table.retries = 0
         keep = [data for data, key in zip(window.inserts, window.keys, strict=True)
                 if key not in window.changed]
+        keep += self._made_whole(window, table)
         assert table.copy.relation is not None
         table.rows += len(keep)
         if window.keys:
@@ -270,6 +293,48 @@ class IncrementalSnapshot:
         if finished:
             log.info("incremental snapshot of %s done: %d rows", table.copy.qualified,
                      table.rows)
+
+    def _made_whole(self, window: Window, table: _Table) -> list[bytes]:
+        """Rows of the chunk that the window's changes left to the stream, and whose last
+        change left a TOASTed value out (an update that does not change it: the server does
+        not send it, and the consumer has no earlier version of a row not copied yet). Each
+        is given again, as that change made it, with the values left out taken back along
+        its changes to the row as the chunk read it: a value no change set is the chunk's,
+        else the last one set. Only for rows under a key of the chunk (no later chunk reads
+        them); the others stay as docs/snapshot.md says."""
+        unchanged = _UNCHANGED
+        if not any(new is not None and unchanged in new.kinds for _, _, new in window.moves):
+            return []
+        chunk = dict(zip(window.keys, window.inserts, strict=True))
+        ncols = len(table.copy.columns)
+        decoder = Decoder(self.decoder.proto_version)
+        rows: dict[Key, TupleData] = {}  # each changed row under its key now, as made whole
+        touched: set[Key] = set()  # keys a change had: the chunk's row there is gone
+        left_out: set[Key] = set()  # rows whose last change left a value out
+        for old, new_key, new in window.moves:
+            before = rows.pop(old, None) if old is not None else None
+            if before is None and old is not None and old in chunk and old not in touched:
+                read = decoder.decode(chunk[old])
+                assert isinstance(read, Insert)
+                before = read.new
+            touched.update(k for k in (old, new_key) if k is not None)
+            if new_key is None or new is None:  # deleted
+                continue
+            if len(new) != ncols:  # the table's columns changed in the window: as it is
+                return []
+            if unchanged in new.kinds:
+                left_out.add(new_key)
+            else:
+                left_out.discard(new_key)
+            if unchanged in new.kinds and before is not None:
+                kinds, values = bytearray(new.kinds), list(new.values)
+                for i, kind in enumerate(new.kinds):
+                    if kind == unchanged:
+                        kinds[i], values[i] = before.kinds[i], before.values[i]
+                new = TupleData(bytes(kinds), tuple(values))
+            rows[new_key] = new
+        return [encode(Insert(table.copy.relid, row)) for key, row in rows.items()
+                if key in left_out and key in chunk and unchanged not in row.kinds]
 
     def _begin_copy(self, name: str, lsn: LSN) -> None:
         """The copy of a table of an initial copy begins here, before the first chunk's
