@@ -382,6 +382,10 @@ def test_a_pipeline_delivers_the_same_with_and_without_raw_verdicts(
         # the same changes formatted in C either way (decided raw, or decoded and found
         # unaltered); the UPDATE published as an INSERT through the callback
         assert counts[0].pop("verdicts") == len(body)  # every change was judged raw
+        # replayed, the changes passed raw go to the formatters in runs; decoded and found
+        # unaltered, one at a time
+        assert counts[0].pop("batched", 0) == (6 if shape == "streamed" else 0)
+        assert "batched" not in counts[1]
         assert counts[0] == counts[1] and counts[0]["fast"] == 6
 
 
