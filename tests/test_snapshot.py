@@ -43,6 +43,7 @@ from emitters.json import JsonEmitter
 from emitters.text import TestDecodingEmitter
 from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.protocol import Decoder
 from plugin_framework.sources import snapshot
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.libpq import copy_reader_bound
@@ -286,8 +287,17 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
 
             return reached
 
+        split_at_kill = []  # whether a kill found a record of a table copied in ranges
+
+        def under_way() -> bool:
+            split_at_kill.append(bool(progress_of(out).get("incremental", {}).get("ranges")))
+            return snapshot_state(out)[0]
+
         kill_during(command(db.conninfo, out), env, stderr, kills=5, attempts=20,
-                    until=grown, under_way=lambda: snapshot_state(out)[0])
+                    until=grown, under_way=under_way)
+        # big (20 MB) is split across the two workers; resumed, each range goes on after its
+        # own last key
+        assert any(split_at_kill), split_at_kill
         proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
         try:
             wait_for(lambda: snapshot_state(out)[1], timeout=600, what="the copy done")
@@ -439,6 +449,59 @@ def test_the_fast_path_writes_the_copy_as_the_change_callback_does(
     assert not counts["callback"]
     assert outputs[0] == outputs[1] == outputs[2]
     assert len(outputs[0]) >= rows
+
+
+def test_a_large_table_is_copied_in_key_ranges_that_hold_each_row_once(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of SPLIT_BYTES or more are copied in one key range per worker, each in key
+    order: the ranges, one after the other, are exactly the table's COPY in key order as the
+    exported snapshot sees it (a single key, a key of two columns, a partitioned table), and
+    the ledger records each range's progress as the incremental snapshot resumes it."""
+    make_tables(db.conninfo, rows=20_000)
+    query(db.conninfo, """
+        CREATE TABLE pair (a int, b text, v text, PRIMARY KEY (a, b));
+        INSERT INTO pair SELECT g % 50, 'k' || g, repeat('v', g % 40)
+          FROM generate_series(1, 12000) g;
+        ALTER PUBLICATION pub ADD TABLE pair""")
+    monkeypatch.setattr(snapshot, "SPLIT_BYTES", 64 * 1024)
+    with psycopg.connect(db.conninfo) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert exported is not None
+        # after the export: neither copy sees these
+        query(db.conninfo, "INSERT INTO big VALUES (-5, 1, NULL, 'late', NULL); "
+                           "DELETE FROM pair WHERE a = 7; UPDATE part SET v = 'late'")
+        copy = snapshot.SnapshotCopy(db.conninfo, exported[0], workers=3)
+        try:
+            tables = copy.tables(["pub"])
+            parts = copy.parts(tables)
+            chunks = list(copy.chunks(parts, lambda: False, chunk_rows=700))
+        finally:
+            copy.close()
+        whole = {t.qualified: [i for c in copy_chunks(conn, t, 100_000) for i in c.inserts]
+                 for t in tables}
+    names = {"public.big", "public.part", "public.pair"}
+    assert {p.table.qualified for p in parts} == names
+    assert {p.table.qualified for p in parts if p.index == 2} == names, parts
+    for name in names:
+        ranges = [[i for c in chunks if c.table.qualified == name and c.part == n
+                   for i in c.inserts] for n in range(3)]
+        assert all(ranges), (name, [len(r) for r in ranges])
+        assert [i for r in ranges for i in r] == whole[name], name
+        assert sum(c.last for c in chunks if c.table.qualified == name) == 3
+    ledger = snapshot.CopyLedger("s", parts, Decoder(1))
+    first = [ledger.delivered(c)[0] for c in chunks]
+    assert sum(first) == 3 and ledger.done and not ledger.record()["queue"]
+    ledger = snapshot.CopyLedger("s", parts, Decoder(1))
+    big = [c for c in chunks if c.table.qualified == "public.big"]
+    for c in big[:3]:
+        ledger.delivered(c)
+    recorded = ledger.record()["ranges"]["public.big"]
+    bounds = [(p.after, p.upto) for p in parts if p.table.qualified == "public.big"]
+    for n, (after, upto) in enumerate(bounds):
+        got = [c for c in big[:3] if c.part == n and not c.last]
+        last = snapshot.row_key(Decoder(1), got[-1].table, got[-1].inserts[-1]) if got else after
+        assert recorded[n] == snapshot.ranges_text([(last, upto)])[0]
 
 
 def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: Any) -> None:

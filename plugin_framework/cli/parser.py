@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --create-slot: first copy the published tables' rows as of "
                             "the new slot (initial), then stream; or only copy them (only)")
         p.add_argument("--snapshot-workers", type=int, default=2, metavar="N",
-                       help="connections copying tables in parallel (default 2)")
+                       help="connections copying tables, and key ranges of large ones, in "
+                            "parallel (default 2)")
         p.add_argument("--snapshot-table", action="append", metavar="SCHEMA.TABLE",
                        help="copy a published table's rows into the running stream, chunk by "
                             "chunk (an incremental snapshot; repeatable)")

@@ -49,11 +49,13 @@ from plugin_framework.protocol import (
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.snapshot import (
     Key,
+    Range,
     TableCopy,
     copy_chunks,
     copy_statement,
     key_text,
     published_tables,
+    ranges_text,
     row_key,
 )
 
@@ -113,6 +115,9 @@ class Window:
 class _Table:
     copy: TableCopy  # read in the order of copy.key
     after: Key | None = None  # the last key delivered
+    upto: Key | None = None  # the end of the range being read (None: the table's last key)
+    # the ranges to read after that one (an initial copy's ranges: snapshot.CopyLedger)
+    ranges: list[Range] = field(default_factory=list)
     rows: int = 0
     retries: int = 0
 
@@ -139,8 +144,10 @@ class IncrementalSnapshot:
         self.current: _Table | None = None
         self.window: Window | None = None
         self.done: list[str] = []
-        # where to go on with a queued table an earlier run had begun (``resume``)
+        # where to go on with a queued table an earlier run had begun (``resume``): after a
+        # key, or in the ranges left of an initial copy that split it
         self.resume_after: dict[str, Key] = {}
+        self.resume_ranges: dict[str, list[Range]] = {}
         # tables of an initial copy (walsender.py) that no output holds anything of: each
         # one's copy begins at its first chunk's low watermark (``_begin_copy``)
         self.starts: list[str] = []
@@ -284,6 +291,9 @@ class IncrementalSnapshot:
         if window.keys:
             table.after = window.keys[-1]
         finished = len(window.inserts) < self.chunk_rows
+        if finished and table.ranges:  # the range's end: the next range
+            table.after, table.upto = table.ranges.pop(0)
+            finished = False
         if finished:
             self.current = None
             self.done.append(table.copy.qualified)
@@ -362,10 +372,16 @@ class IncrementalSnapshot:
         state: dict[str, Any] = {
             "slot": self.slot, "queue": list(self.queue), "done": list(self.done),
             "after": {name: key_text(key) for name, key in self.resume_after.items()}}
+        ranges = {name: ranges_text(left) for name, left in self.resume_ranges.items()}
         if table is not None:
             state["table"] = table.copy.qualified
-            if table.after is not None:
+            if table.upto is not None or table.ranges:
+                ranges[table.copy.qualified] = ranges_text([(table.after, table.upto),
+                                                             *table.ranges])
+            elif table.after is not None:
                 state["after"][table.copy.qualified] = key_text(table.after)
+        if ranges:
+            state["ranges"] = ranges
         if self.starts:
             state["starts"] = list(self.starts)
         return state
@@ -377,19 +393,21 @@ class IncrementalSnapshot:
         if state.get("slot") != self.slot:
             return
         self.done = [str(name) for name in state.get("done", [])]
-        self.resume_after = {str(name): tuple(None if v is None else str(v).encode()
-                                              for v in key)
+        self.resume_after = {str(name): _key(key)
                              for name, key in (state.get("after") or {}).items()}
+        self.resume_ranges = {str(name): [(_bound(after), _bound(upto)) for after, upto in left]
+                              for name, left in (state.get("ranges") or {}).items()}
         table = state.get("table")
         names = ([table] if table is not None else []) + list(state.get("queue", []))
         if state.get("initial"):  # an initial copy's record: the tables it had not begun
-            self.starts = [str(n) for n in names if n not in self.resume_after]
+            self.starts = [str(n) for n in names
+                           if n not in self.resume_after and n not in self.resume_ranges]
         else:
             self.starts = [str(n) for n in state.get("starts", [])]
         for name in names:
             self.request(str(name))
             log.info("incremental snapshot of %s: resumed after key %s", name,
-                     state.get("after", {}).get(name))
+                     (state.get("ranges") or {}).get(name) or state.get("after", {}).get(name))
 
     # --- the database side ----------------------------------------------------------------------
 
@@ -417,6 +435,9 @@ class IncrementalSnapshot:
             self._note_progress()
             return False
         self.current.after = self.resume_after.pop(name, None)
+        ranges = self.resume_ranges.pop(name, None)
+        if ranges:
+            (self.current.after, self.current.upto), *self.current.ranges = ranges
         return True
 
     def adopt(self, window: Window | None) -> bool:
@@ -480,7 +501,8 @@ class IncrementalSnapshot:
         chunk_id = uuid.uuid4().hex
         low = self._mark(conn, chunk_id, "low")
         copy = table.copy
-        statement = copy_statement(copy, after=table.after, limit=self.chunk_rows)
+        statement = copy_statement(copy, after=table.after, limit=self.chunk_rows,
+                                   upto=table.upto)
         inserts = [i for chunk in copy_chunks(conn, copy, self.chunk_rows + 1,
                                               statement=statement) for i in chunk.inserts]
         high = self._mark(conn, chunk_id, "high")
@@ -496,6 +518,15 @@ class IncrementalSnapshot:
                            (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark}))).fetchone()
         assert row is not None
         return LSN(row[0])
+
+
+def _key(values: Sequence[Any]) -> Key:
+    """A key as the progress record has it (key_text) in the form the stream sends it."""
+    return tuple(None if v is None else str(v).encode() for v in values)
+
+
+def _bound(values: Sequence[Any] | None) -> Key | None:
+    return None if values is None else _key(values)
 
 
 def qualified_name(name: str) -> str:

@@ -11,13 +11,18 @@ partitions copied through the root when the publication publishes via the root.
 
 The replication connection must run no command between creating the slot and the last
 import (the export ends with its next command): ``SnapshotCopy`` imports in its
-constructor. The rows are copied by ``workers`` threads, one table at a time each, and
-handed to the caller in chunks, in the calling thread (the pipeline is not thread-safe).
+constructor. The rows are copied by ``workers`` threads, one key range (``Part``) at a
+time each, and handed to the caller in chunks, in the calling thread (the pipeline is not
+thread-safe). A table is one range, unless it is large: then one per worker, so that the
+workers share it (its rows are one ordered COPY per range). ``CopyLedger`` keeps the record
+of how far each range was delivered, from which an interrupted copy goes on
+(incremental.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import select
@@ -52,7 +57,11 @@ except ImportError:  # installed without a C compiler: psycopg's parser and our 
 log = logging.getLogger("pgdecode.snapshot")
 
 CHUNK_ROWS = 5000  # rows per synthetic transaction
+# A table this large (its heap, with its partitions') is split into one key range per worker
+SPLIT_BYTES = 8 << 20
+SAMPLE_BLOCKS = 100  # blocks of such a table sampled for the keys it is split at
 Key = tuple[bytes | None, ...]  # a row's key columns, as pgoutput's text sends them
+Range = tuple[Key | None, Key | None]  # the rows after a key up to a key (None: no bound)
 # _copyrow.read_messages with head and ncols given: (pgconn_ptr, max_rows) -> (rows, status)
 ReadRows = Callable[[int, int], tuple[list[bytes], int]]
 _FIRST_NORMAL_OID = 16384  # types below are built in: pgoutput sends no Type message
@@ -72,6 +81,7 @@ class TableCopy:
     relation: RelationMessage | None = None
     types: list[Type] = field(default_factory=list)
     rows_estimate: int = 0  # pg_class.reltuples (of its partitions, for a root)
+    size: int = 0  # bytes of its heap (of its partitions, for a root)
     # the key it is read in order of: the primary key, else the replica identity index, if
     # all NOT NULL (none: read unordered, and an interrupted copy cannot resume; nor if the
     # column list leaves a key column out: see ``ordered``)
@@ -89,10 +99,22 @@ class TableCopy:
 
 
 @dataclass
+class Part:
+    """A key range of a table: its rows after ``after`` up to ``upto`` (None: from the first,
+    to the last), copied in key order by one worker."""
+
+    table: TableCopy
+    index: int  # of the table's ranges, in key order
+    after: Key | None = None
+    upto: Key | None = None
+
+
+@dataclass
 class Chunk:
     table: TableCopy
     inserts: list[bytes]  # each row as the pgoutput Insert message the stream would send
-    last: bool  # the table's last chunk
+    last: bool  # the last chunk of its range (of the table, for copy_chunks)
+    part: int = 0  # the range's index (Part.index)
 
 
 _TABLES_SQL = """
@@ -118,8 +140,10 @@ ORDER BY a.attnum
 """
 
 _ESTIMATE_SQL = """
-SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples > 0), 0)::bigint
-FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid
+SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples > 0), 0)::bigint,
+       COALESCE(sum(pg_relation_size(c.oid)), 0)::bigint
+FROM pg_class c
+WHERE c.oid = %(relid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(relid)s::regclass))
 """
 
 _KEY_SQL = """
@@ -181,8 +205,9 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
     if keys and all(notnull for _, _, notnull in keys):
         table.key = [name for name, _, _ in keys]
         table.key_types = [type_ for _, type_, _ in keys]
-    estimate = conn.execute(_ESTIMATE_SQL, (table.relid,)).fetchone()
-    table.rows_estimate = int(estimate[0]) if estimate else 0
+    estimate = conn.execute(_ESTIMATE_SQL, {"relid": table.relid}).fetchone()
+    if estimate:
+        table.rows_estimate, table.size = int(estimate[0]), int(estimate[1])
     user_types = sorted({c.type_oid for c in cols if c.type_oid >= _FIRST_NORMAL_OID})
     if user_types:
         table.types = [Type(oid, ns, name) for oid, ns, name
@@ -217,6 +242,27 @@ def copy_statement(table: TableCopy, after: Key | None = None, limit: int | None
     return sql.SQL("COPY ({}) TO STDOUT").format(query)
 
 
+def split_points(conn: psycopg.Connection[Any], table: TableCopy, parts: int) -> list[Key]:
+    """Keys that cut the table into ``parts`` ranges of about as many rows: quantiles of the
+    keys in a sample of its blocks (TABLESAMPLE SYSTEM). Any keys would cut it into ranges
+    that hold each row once; these make them even. Fewer if the sample has too few keys."""
+    only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
+    # ordered by the columns (t.k), not by their text (the output columns are named k too)
+    keys = [sql.Identifier("t", k) for k in table.key]
+    blocks = max(1, table.size // 8192)
+    query = sql.SQL("SELECT {} FROM {}{} AS t TABLESAMPLE SYSTEM (%s) ORDER BY {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys),
+        only, sql.Identifier(table.schema, table.name), sql.SQL(", ").join(keys))
+    sample = conn.execute(query, (min(100.0, 100.0 * SAMPLE_BLOCKS / blocks),)).fetchall()
+    points: list[Key] = []
+    for n in range(1, parts):
+        row = sample[len(sample) * n // parts] if sample else None
+        key = None if row is None else tuple(v.encode() for v in row)
+        if key is not None and key not in points:
+            points.append(key)
+    return points
+
+
 class SnapshotCopy:
     """Connections that see the exported snapshot, and the copy of the tables through them."""
 
@@ -244,13 +290,28 @@ class SnapshotCopy:
         """The published tables, as the snapshot sees them."""
         return published_tables(self.connections[0], publications)
 
-    def chunks(self, tables: Sequence[TableCopy], stop: Callable[[], bool],
+    def parts(self, tables: Sequence[TableCopy]) -> list[Part]:
+        """The key ranges to copy the tables in, the largest tables' first (so that the
+        workers end together): one per table, or, for a table of SPLIT_BYTES or more copied
+        in key order, one per worker."""
+        workers = len(self.connections)
+        parts: list[Part] = []
+        for table in sorted(tables, key=lambda t: -t.size):
+            points: list[Key] = []
+            if workers > 1 and table.ordered and table.size >= SPLIT_BYTES:
+                points = split_points(self.connections[0], table, workers)
+            bounds = [None, *points, None]
+            parts += [Part(table, n, after, upto)
+                      for n, (after, upto) in enumerate(itertools.pairwise(bounds))]
+        return parts
+
+    def chunks(self, parts: Sequence[Part], stop: Callable[[], bool],
                chunk_rows: int = CHUNK_ROWS) -> Iterator[Chunk]:
-        """Every table's rows, in chunks; each table's in order, tables in parallel across
-        the connections."""
-        todo: queue.SimpleQueue[TableCopy | None] = queue.SimpleQueue()
-        for table in tables:
-            todo.put(table)
+        """Every range's rows, in chunks; each range's in key order, ranges in parallel
+        across the connections."""
+        todo: queue.SimpleQueue[Part | None] = queue.SimpleQueue()
+        for part in parts:
+            todo.put(part)
         done: queue.Queue[Chunk | BaseException | None] = queue.Queue(
             maxsize=2 * len(self.connections))
         cancelled = threading.Event()
@@ -259,12 +320,14 @@ class SnapshotCopy:
             try:
                 while not cancelled.is_set():
                     try:
-                        table = todo.get_nowait()
+                        part = todo.get_nowait()
                     except queue.Empty:
                         break
-                    if table is None:
+                    if part is None:
                         break
-                    for chunk in copy_chunks(conn, table, chunk_rows):
+                    statement = copy_statement(part.table, after=part.after, upto=part.upto)
+                    for chunk in copy_chunks(conn, part.table, chunk_rows, statement=statement):
+                        chunk.part = part.index
                         while not cancelled.is_set():
                             try:
                                 done.put(chunk, timeout=0.5)
@@ -428,6 +491,61 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Err
     return psycopg.OperationalError(message or "the COPY ended without a result")
 
 
+class CopyLedger:
+    """How far an initial copy was delivered, as its progress record says: the tables done,
+    and of each table begun, the last key delivered of each of its ranges (the record
+    ``IncrementalSnapshot.resume`` goes on from, each range after its key)."""
+
+    def __init__(self, slot: str, parts: Sequence[Part], decoder: Decoder) -> None:
+        self.slot, self.decoder = slot, decoder
+        self.tables = list(dict.fromkeys(p.table.qualified for p in parts))
+        # of each table, its ranges not done: index -> (last key delivered, upto)
+        self.left: dict[str, dict[int, Range]] = {name: {} for name in self.tables}
+        for p in parts:
+            self.left[p.table.qualified][p.index] = (p.after, p.upto)
+        self.split = {p.table.qualified for p in parts if p.index > 0}
+        self.done: list[str] = []
+        self.started: set[str] = set()
+
+    def delivered(self, chunk: Chunk) -> tuple[bool, bool]:
+        """Take a chunk as delivered: (whether it is its table's first, whether its table is
+        now done)."""
+        name = chunk.table.qualified
+        first = name not in self.started
+        self.started.add(name)
+        ranges = self.left[name]
+        if chunk.last:
+            del ranges[chunk.part]
+        elif chunk.inserts:
+            ranges[chunk.part] = (row_key(self.decoder, chunk.table, chunk.inserts[-1]),
+                                  ranges[chunk.part][1])
+        if not ranges:
+            self.done.append(name)
+        return first, not ranges
+
+    def record(self) -> dict[str, Any]:
+        """The progress record: a table not split under "after" (its last key), a split one
+        under "ranges" (its ranges not done, each [last key or the range's lower bound,
+        upto], None for none); a table not begun under neither."""
+        after: dict[str, list[str | None]] = {}
+        ranges: dict[str, list[list[list[str | None] | None]]] = {}
+        for name in self.tables:
+            if name not in self.started or name in self.done:
+                continue
+            left = [self.left[name][n] for n in sorted(self.left[name])]
+            if name in self.split:
+                ranges[name] = ranges_text(left)
+            elif left[0][0] is not None:
+                after[name] = key_text(left[0][0])
+        state: dict[str, Any] = {
+            "slot": self.slot, "initial": True, "done": list(self.done),
+            "queue": [name for name in self.tables if name not in self.done],
+            "after": after}
+        if ranges:
+            state["ranges"] = ranges
+        return state
+
+
 def any_output_in(pipeline: Any, state: str) -> bool:
     """Whether an output of ``pipeline`` records its initial copy as ``state`` ("copying":
     it did not finish; "done")."""
@@ -456,3 +574,8 @@ def row_key(decoder: Decoder, table: TableCopy, insert: bytes) -> Key:
 def key_text(key: Key) -> list[str | None]:
     """A key as the progress file records it."""
     return [None if v is None else v.decode() for v in key]
+
+
+def ranges_text(ranges: Sequence[Range]) -> list[list[list[str | None] | None]]:
+    """Key ranges as the progress file records them (None: no bound)."""
+    return [[None if k is None else key_text(k) for k in r] for r in ranges]

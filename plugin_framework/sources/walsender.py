@@ -67,11 +67,10 @@ from plugin_framework.sources.session import (
 )
 from plugin_framework.sources.slots import create_replication_slot_command
 from plugin_framework.sources.snapshot import (
+    CopyLedger,
     SnapshotCopy,
     any_output_in,
-    key_text,
     recorded_progress,
-    row_key,
 )
 
 log = logging.getLogger("pgdecode.source")
@@ -308,39 +307,29 @@ class WalsenderSource:
         last_log = last_flush = time.monotonic()
         unflushed = 0  # chunks since the last flush
         # Copied in key order, a copy cut short goes on after the last key an output holds
-        # (as an incremental snapshot: docs/snapshot.md); else it starts again.
+        # of each range (as an incremental snapshot: docs/snapshot.md); else it starts again.
         resumable = all(t.ordered for t in tables)
-        done: list[str] = []
-        started: set[str] = set()  # tables begun (copied whole here; resumed: incremental.py)
-        after: dict[str, list[str | None]] = {}
-        decoder = Decoder(self._proto or 1)
         pipeline.begin_snapshot()
         if not resumable:
             self._refuse_unresumable_copy([t.qualified for t in tables if not t.ordered])
         try:
-            for chunk in copy.chunks(tables, self._stop.is_set):
+            parts = copy.parts(tables)
+            ledger = CopyLedger(self.config.slot, parts, Decoder(self._proto or 1))
+            for chunk in copy.chunks(parts, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
-                if chunk.last:
-                    done.append(table.qualified)
-                    after.pop(table.qualified, None)
-                elif resumable and chunk.inserts:
-                    after[table.qualified] = key_text(row_key(decoder, table, chunk.inserts[-1]))
+                first, finished = ledger.delivered(chunk)
                 if resumable:
-                    pipeline.note_snapshot_progress({
-                        "slot": self.config.slot, "initial": True, "done": list(done),
-                        "queue": [t.qualified for t in tables if t.qualified not in done],
-                        "after": dict(after)})
+                    pipeline.note_snapshot_progress(ledger.record())
                 pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
-                                       copy.read_time, first=table.qualified not in started)
-                started.add(table.qualified)
+                                       copy.read_time, first=first)
                 if resumable:
                     pipeline.snapshot_checkpoint()
                 progress.rows += len(chunk.inserts)
                 progress.bytes += sum(map(len, chunk.inserts))
                 self.progress.transactions = pipeline.transactions
                 self.progress.changes = pipeline.changes
-                if chunk.last:
+                if finished:
                     progress.tables_done += 1
                     log.info("copied %s", table.qualified)
                 now = time.monotonic()
