@@ -1,7 +1,7 @@
 """Initial snapshot benchmark: `pgdecode stream --snapshot only --emitter json` against
 psql's `\\copy ... TO file` of the same table, in the same run.
 
-    python bench/snapshot.py [--rows N] [--workers N] [--bindir DIR] [--runs N]
+    python bench/snapshot.py [--rows N] [--workers N[,N...]] [--bindir DIR] [--runs N]
 
 Starts a throwaway PostgreSQL cluster (the system's PostgreSQL 15 if installed, else the
 embedded 18), fills the benchmarks' seven-column table (bench/workload.py) with --rows rows
@@ -9,7 +9,9 @@ embedded 18), fills the benchmarks' seven-column table (bench/workload.py) with 
 
 - copy: `psql -c "\\copy bench_orders TO FILE"` (the server's COPY text, written by psql);
 - pgdecode: `pgdecode stream --create-slot --snapshot only --emitter json -f FILE` with a
-  new slot each time (slot creation, the copy and the JSON lines, process start included).
+  new slot each time (slot creation, the copy and the JSON lines, process start included),
+  once for each --snapshot-workers count of --workers (default 2; e.g. 1,2 to see what
+  the second worker's key ranges give, in the same run).
 
 It prints rows/s of each (best run, and the median run) and the ratio pgdecode/copy; no
 thresholds, exit 0.
@@ -67,7 +69,8 @@ def time_pgdecode(conninfo: str, out: Path, slot: str, workers: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", default="2",
+                        help="--snapshot-workers counts, comma-separated (default 2)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bindir")
     args = parser.parse_args()
@@ -77,25 +80,30 @@ def main() -> None:
         cluster.start()
         conninfo = cluster.conninfo()
         fill(conninfo, args.rows)
-        copies, ours = [], []
+        counts = [int(n) for n in args.workers.split(",")]
+        copies: list[float] = []
+        ours: dict[int, list[float]] = {n: [] for n in counts}
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(args.runs):
                 copies.append(time_copy(bindir / "psql", conninfo, Path(tmp) / "copy.txt"))
-                ours.append(time_pgdecode(conninfo, Path(tmp) / "out.jsonl", f"bench{run}",
-                                          args.workers))
-            lines = (Path(tmp) / "out.jsonl").read_bytes().count(b"\n")
-        assert lines == args.rows, (lines, args.rows)
-        copy_rate, our_rate = args.rows / min(copies), args.rows / min(ours)
-        copy_median, our_median = (args.rows / statistics.median(t) for t in (copies, ours))
+                for n in counts:
+                    out = Path(tmp) / "out.jsonl"
+                    ours[n].append(time_pgdecode(conninfo, out, f"bench{run}_{n}", n))
+                    lines = out.read_bytes().count(b"\n")
+                    assert lines == args.rows, (lines, args.rows)
+        copy_rate = args.rows / min(copies)
+        copy_median = args.rows / statistics.median(copies)
         print(f"PostgreSQL {cluster.major_version}, {args.rows:,} rows, {os.cpu_count()} cores, "
-              f"--snapshot-workers {args.workers}, {args.runs} runs each: best (median)")
-        for name, best, median in (
-                ("psql \\copy TO file", f"{copy_rate:,.0f} rows/s", f"{copy_median:,.0f}"),
-                ("pgdecode --snapshot only (json)", f"{our_rate:,.0f} rows/s",
-                 f"{our_median:,.0f}"),
-                ("ratio pgdecode / copy", f"{our_rate / copy_rate:.2f}",
-                 f"{our_median / copy_median:.2f}")):
-            print(f"{name:<40} {best:>16} ({median})")
+              f"{args.runs} runs each: best (median)")
+        rows = [("psql \\copy TO file", f"{copy_rate:,.0f} rows/s", f"{copy_median:,.0f}")]
+        for n, times in ours.items():
+            rate, median = args.rows / min(times), args.rows / statistics.median(times)
+            rows += [(f"pgdecode --snapshot only (json), {n} worker{'s' if n > 1 else ''}",
+                      f"{rate:,.0f} rows/s", f"{median:,.0f}"),
+                     ("  ratio to copy", f"{rate / copy_rate:.2f}",
+                      f"{median / copy_median:.2f}")]
+        for name, best, median_text in rows:
+            print(f"{name:<44} {best:>16} ({median_text})")
     finally:
         cluster.cleanup()
 
