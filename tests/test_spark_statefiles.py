@@ -418,3 +418,78 @@ def test_a_key_given_later_is_not_looked_for_by_the_old_keys_bounds(tmp_path: Pa
     later = TableStateWriter(str(tmp_path), keys={TABLE: ["c"]}).keyed(
         rows_info("public", "t", rows))
     assert later.key_columns == ("a", "b") and not later.primary
+
+
+@pytest.mark.parametrize("sink", ["state", "delta", "history"])
+def test_an_unknown_unchanged_toast_value_is_written_as_null_and_said_so(
+        sink: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An update that leaves a TOAST value unchanged in a row the target never had (a mirror
+    started without a snapshot) is written with that value NULL: the documented policy, and
+    a warning per table and batch names the table, the rows and the column. A known value is
+    carried forward without one."""
+    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+    from plugin_framework.spark.history import HistoryWriter
+
+    writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
+              "history": HistoryWriter}[sink](str(tmp_path))
+    batches = [
+        [change("INSERT", 0, 1000, after={"id": 1, "v": "a", "big": "B1", "n": "1.00"}),
+         change("UPDATE", 1, 1000, after={"id": 5, "v": "x", "big": None, "n": "2.00"},
+                toast=("big",))],
+        [change("UPDATE", 0, 2000, after={"id": 1, "v": "b", "big": None, "n": "3.00"},
+                toast=("big",)),
+         change("UPDATE", 1, 2000, after={"id": 7, "v": "y", "big": None, "n": "4.00"},
+                toast=("big",))],
+    ]
+    warned = []
+    for batch_id, rows in enumerate(batches):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="plugin_framework.spark.sinks"):
+            writer.apply(None, rows, rows_info("public", "t", rows), batch_id)
+        warned.append([r.getMessage() for r in caplog.records])
+    if sink == "state":
+        held = state(tmp_path)
+    else:
+        held = {r["id"]: (r["v"], r["big"], str(r["n"]))
+                for r in read_delta(str(tmp_path), TABLE).to_pyarrow_table().to_pylist()
+                if sink == "delta" or r["_is_current"]}
+    assert held == {1: ("b", "B1", "3.00"), 5: ("x", None, "2.00"), 7: ("y", None, "4.00")}
+    for messages in warned:
+        assert len(messages) == 1, messages
+        assert messages[0].startswith("public.t: 1 row(s) of this batch left TOAST values "
+                                      "unchanged (big)"), messages
+
+
+@pytest.mark.parametrize("sink", ["state", "delta", "history"])
+def test_an_unknown_unchanged_toast_value_is_said_so_in_a_batch_that_alters_the_table(
+        sink: str, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same policy where a batch redescribes the table (ADD COLUMN) and the sinks merge
+    it in Spark (merge_state, the history's rewrite: fill_from)."""
+    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+    from plugin_framework.spark.history import HistoryWriter
+
+    writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
+              "history": HistoryWriter}[sink](str(tmp_path))
+    first = [change("INSERT", 0, 1000, after={"id": 1, "v": "a", "big": "B1", "n": "1.00"})]
+    writer.apply(spark, first, rows_info("public", "t", first), 0)
+    altered = [change("UPDATE", 0, 2000, after={"id": 1, "v": "b", "big": None, "n": "3.00",
+                                                "e": "5"}, toast=("big",)),
+               change("UPDATE", 1, 2000, after={"id": 7, "v": "y", "big": None, "n": "4.00",
+                                                "e": "6"}, toast=("big",))]
+    for row in altered:
+        row["columns"] = [*COLUMNS, {"name": "e", "type": "integer", "key": False}]
+    with caplog.at_level("WARNING", logger="plugin_framework.spark.sinks"):
+        writer.apply(spark, altered, rows_info("public", "t", altered), 1)
+    if sink == "state":
+        files = StateFiles.at(str(tmp_path), TABLE)
+        manifest_ = files.recover()
+        assert manifest_ is not None
+        rows = files.read(list(manifest_.files)).to_pylist()
+    else:
+        rows = [r for r in read_delta(str(tmp_path), TABLE).to_pyarrow_table().to_pylist()
+                if sink == "delta" or r["_is_current"]]
+    assert {r["id"]: (r["v"], r["big"], r["e"]) for r in rows} == {1: ("b", "B1", 5),
+                                                                  7: ("y", None, 6)}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and messages[0].startswith(
+        "public.t: 1 row(s) of this batch left TOAST values unchanged (big)"), messages

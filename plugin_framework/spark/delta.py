@@ -47,6 +47,7 @@ from plugin_framework.spark.sinks import (
     merge_state,
     net_arrow,
     net_of,
+    no_fills,
     state_path,
     state_rows,
     staying,
@@ -155,7 +156,8 @@ class DeltaTableWriter(DeltaSink):
         net = net_of(rows, info)
         table = pending.table
         if table is None or net.truncated:  # no rows before the batch's: its puts
-            self.overwrite_arrow(pending, state_rows(net_arrow(spark, net, info), info))
+            self.overwrite_arrow(pending, state_rows(no_fills(net_arrow(spark, net, info),
+                                                              info), info))
             return
         if pending.redescribed:
             existing = spark.createDataFrame(table.to_pyarrow_table())

@@ -59,6 +59,7 @@ from plugin_framework.spark.sinks import (
     first_rows,
     key_names,
     key_tuples,
+    no_fills,
     same_keys,
     typed_puts,
 )
@@ -223,7 +224,8 @@ class HistoryWriter(DeltaSink):
             versions = self._versions(spark, changes, info).toArrow()
             ends = self._ends(spark, changes, info).toArrow()
         if table is None:
-            self.overwrite_arrow(pending, versions.drop_columns(["_fill", *_origins(info)]))
+            self.overwrite_arrow(pending, no_fills(versions, info).drop_columns(
+                ["_fill", *_origins(info)]))
             return
         if counted(info):
             self._merge_counted(pending, versions.drop_columns(["_fill", *_origins(info)]),

@@ -377,6 +377,12 @@ def fill_from(changes: Any, filled: Sequence[str], info: TableInfo, base: Any) -
     keys = key_names(info)
     source = base.select(*[column(k).alias(f"_s_{k}") for k in keys],
                          *[column(c).alias(f"_v_{c}") for c in filled])
+    wanting = changes.filter(F.size("_fill") > 0)
+    unknown = wanting.join(source.select(*[f"_s_{k}" for k in keys]),
+                           same_keys(keys, "_o_", "_s_"), "left_anti")
+    found = unknown.select("_fill").collect()  # (a job over keys, in batches with fills)
+    if found:
+        report_unknown_toast(info, len(found), [c for row in found for c in row["_fill"]])
     out = changes.join(source, same_keys(keys, "_o_", "_s_"), "left")
     for c in filled:
         out = out.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))
@@ -398,6 +404,9 @@ def fill_rows(changes: pa.Table, filled: Sequence[str], info: TableInfo,
     origin_keys = key_tuples(changes, [f"_o_{k}" for k in keys])
     source: list[int | None] = [where.get(origin_keys[i]) if fill else None
                                 for i, fill in enumerate(fills)]
+    unknown = [fill for i, fill in enumerate(fills) if fill and source[i] is None]
+    if unknown:
+        report_unknown_toast(info, len(unknown), [c for fill in unknown for c in fill])
     out = changes
     for name in filled:
         mask = pa.array([name in (fill or ()) for fill in fills])
@@ -406,6 +415,28 @@ def fill_rows(changes: pa.Table, filled: Sequence[str], info: TableInfo,
         position = out.schema.get_field_index(name)
         out = out.set_column(position, name, pc.if_else(mask, taken, out.column(name)))
     return out
+
+
+def no_fills(changes: pa.Table, info: TableInfo) -> pa.Table:
+    """``changes`` (net_arrow's, or a history's versions) applied to no rows of the target
+    (its first batch, or one that truncates it): the values that its ``_fill`` lists are
+    unknown, reported as fill_rows reports them."""
+    fills = [fill for fill in changes.column("_fill").to_pylist() if fill]
+    if fills:
+        report_unknown_toast(info, len(fills), [c for fill in fills for c in fill])
+    return changes
+
+
+def report_unknown_toast(info: TableInfo, rows: int, columns: Sequence[str]) -> None:
+    """The policy for unchanged TOAST values that neither the batch nor the target holds (a
+    row the target never had: a mirror started without a snapshot, or a row an incremental
+    snapshot has not copied yet): written as NULL, and said so, per table and batch."""
+    log.warning(
+        "%s: %d row(s) of this batch left TOAST values unchanged (%s) that neither the batch "
+        "nor the target holds: written as NULL until a change sets them. Start the mirror "
+        "with a snapshot (snapshot=\"initial\"), or set REPLICA IDENTITY FULL on the table "
+        "(docs/spark.md, Limits)", info.qualified_name, rows,
+        ", ".join(dict.fromkeys(columns)))
 
 
 def first_rows(rows: pa.Table, names: Sequence[str]) -> dict[tuple[Any, ...], int]:

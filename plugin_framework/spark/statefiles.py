@@ -66,6 +66,7 @@ from plugin_framework.spark.sinks import (
     merge_state,
     net_arrow,
     net_of,
+    no_fills,
     state_path,
     state_rows,
     staying,
@@ -354,7 +355,7 @@ class TableStateWriter(TableSink):
         description, renamed = describe_rows(info.qualified_name, rows, stored)
         net = net_of(rows, info)
         if manifest is None or net.truncated:  # no rows before the batch's: its puts
-            state = state_rows(net_arrow(spark, net, info), info)
+            state = state_rows(no_fills(net_arrow(spark, net, info), info), info)
             self._write(files, info, Manifest(batch_id, {}, description), state)
             return
         if stored != description:  # ALTER TABLE: every row under the new description
