@@ -72,6 +72,7 @@ from plugin_framework.spark.source_snapshot import (
     SourceSnapshot,
     has_work,
     initial_progress,
+    start_tables,
 )
 
 if TYPE_CHECKING:
@@ -105,6 +106,9 @@ class _Collector(OutputPlugin):
         if self._cur is not None:
             self.builder.rollback(self._cur[1])
         self._cur = self.builder.open_for(txn)
+        starts = getattr(txn, "snapshot_starts", None)
+        if starts is not None:  # a table's copy begins (start_tables): a TRUNCATE row
+            self.builder.add_truncate(self._cur[0], [starts], txn.final_lsn)
 
     def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
         assert self._cur is not None
@@ -135,7 +139,7 @@ class _Collector(OutputPlugin):
             return
         self.builder.close_txn(index, txn, commit_lsn)
         self.last_end = end
-        self.snapshot_taken |= snapshot
+        self.snapshot_taken |= snapshot and getattr(txn, "snapshot_starts", None) is None
         if self.limit is not None and self.builder.rows >= self.limit:
             self.full = True
 
@@ -182,7 +186,8 @@ def flush_position(opts: SourceOptions) -> LSN:
 
 def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
                 limit: int | None = None, upto: LSN | None = None,
-                snapshot: Make | None = None, window: int | None = None) -> Decoded:
+                snapshot: Make | None = None, window: int | None = None,
+                starts: Sequence[str] = ()) -> Decoded:
     """Peek at the slot and collect the committed transactions ending after ``start``: up to
     and including ``end`` if given (a batch read again), else as many whole transactions as
     make ``limit`` rows, up to the WAL flushed at ``upto`` (default: now). ``snapshot``: the
@@ -192,12 +197,13 @@ def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
     peek decodes again what this one did not take: ``window`` is how many messages to ask
     for (default: ample for ``limit``). When the window ends before ``limit`` rows, the
     transactions it holds are the batch; only a window without one whole transaction is
-    asked for again, four times as large."""
+    asked for again, four times as large. ``starts``: tables whose copy begins with the
+    batch (start_tables)."""
     nchanges = None if limit is None or end is not None else \
         (window or max(4 * limit, 10_000))
     while True:
         decoded, truncated = _peek(opts, start, end, limit, upto, nchanges,
-                                   None if snapshot is None else snapshot())
+                                   None if snapshot is None else snapshot(), starts)
         if decoded is not None:
             return decoded
         assert truncated and nchanges is not None
@@ -206,7 +212,8 @@ def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
 
 def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
           upto: LSN | None, nchanges: int | None,
-          snap: IncrementalSnapshot | None) -> tuple[Decoded | None, bool]:
+          snap: IncrementalSnapshot | None,
+          starts: Sequence[str]) -> tuple[Decoded | None, bool]:
     with _connect(opts) as conn:
         flush_row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert flush_row is not None
@@ -225,6 +232,7 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
         pipeline = Pipeline(proto_version=proto, slot_name=opts.slot)
         pipeline.add(collector, output=MemoryOutput())
         pipeline.startup()
+        start_tables(conn, opts, pipeline, starts, start)
         if snap is not None:
             snap.pipeline = pipeline
             if snap.window is not None:
@@ -369,6 +377,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         progress = start.get("snapshot")
         make = self._snapshot.plan(progress)
+        starts = (progress or {}).get("starts") or []
         upto, high = self._target, self._snapshot.high
         if upto is not None and high is not None:
             upto = max(upto, high)  # availableNow: the snapshot is available now too
@@ -376,7 +385,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # in the last batch): the server decodes what the batch takes, and a little more
         window = None if max_rows is None else math.ceil(max_rows * self._per_row * 1.25)
         decoded = decode_slot(self.opts, begin, limit=max_rows, upto=upto, snapshot=make,
-                              window=window)
+                              window=window, starts=starts)
         if decoded.rows and not decoded.snapshot_taken:  # a chunk's rows are no messages
             self._per_row = decoded.messages / decoded.rows
         entries = self._snapshot.settle(decoded.snapshot, decoded.snapshot_taken)
@@ -401,8 +410,8 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batch's chunk leaves it (``entries``); none once the snapshot is over."""
         if entries is not None:
             end.update(entries)
-        elif progress is not None:
-            end["snapshot"] = progress
+        elif progress is not None:  # (the tables it starts are started by this batch)
+            end["snapshot"] = {k: v for k, v in progress.items() if k != "starts"}
         if not has_work(end.get("snapshot")):
             end.pop("snapshot", None)
         return end
@@ -417,8 +426,9 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:  # planned again after a restart: read the same range again
             chunk = end.get("chunk")
             make = None if chunk is None else self._snapshot.replay(chunk)
+            starts = (start.get("snapshot") or {}).get("starts") or []
             table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"]),
-                                snapshot=make).table
+                                snapshot=make, starts=starts).table
         metrics = self._metered()
         if metrics is not None:
             metrics.batch(end["lsn"], table)

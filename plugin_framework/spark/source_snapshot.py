@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -71,7 +72,26 @@ def initial_progress(conn: psycopg.Connection[Any], opts: SourceOptions) -> dict
                 "primary key (or replica identity index on NOT NULL columns) in the published "
                 "columns, so it cannot be copied in key order and go on after an interruption. "
                 'Add a primary key, or leave it out with .option("snapshotTables", ...)')
-    return {"slot": opts.slot, "queue": names, "done": [], "after": {}}
+    return {"slot": opts.slot, "queue": names, "done": [], "after": {}, "starts": names}
+
+
+def start_tables(conn: psycopg.Connection[Any], opts: SourceOptions, pipeline: Pipeline,
+                 names: Sequence[str], lsn: LSN) -> None:
+    """The copy of each of ``names`` begins at ``lsn``, the start of the first batch (and of
+    the same batch planned again): a snapshot transaction with no rows and
+    ``snapshot_starts`` (a TRUNCATE row), so that a mirror holds exactly the copy and the
+    stream from there, an empty table too. Not at a chunk's low watermark, as the stream
+    source does it (incremental.py): that can be in an earlier batch than the chunk."""
+    if not names:
+        return
+    tables = {t.qualified: t for t in published_tables(conn, opts.publications)}
+    for name in names:
+        table = tables.get(name)
+        if table is None or table.relation is None:
+            log.warning("the snapshot's table %s is no longer published: not started", name)
+            continue
+        pipeline.snapshot_rows(table.relation, table.types, [], lsn, datetime.now(UTC),
+                               first=True)
 
 
 def has_work(progress: dict[str, Any] | None) -> bool:
@@ -114,6 +134,7 @@ class SourceSnapshot:
             snap = self._snapshot()
             try:
                 snap.resume(progress)
+                snap.starts = []  # started by the first batch instead (start_tables)
                 if not snap.adopt(self._window):
                     snap.step()  # the next chunk: its watermarks and rows
             finally:
