@@ -650,3 +650,55 @@ def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
         assert kind == "LocalRelation"
     finally:
         spark.conf.unset(key)
+
+
+@pytest.mark.parametrize("way", ["source", "emitter"])
+def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
+        db: Any, spark: Any, tmp_path: Path, way: str) -> None:
+    """Batch ids are a query's own: a second query (a new checkpoint) numbers its batches
+    from 0 again. Each sink, finding a batch id its target holds already from another
+    query, fails naming both instead of skipping the batch (which would lose its rows);
+    the same query's batches go on as before."""
+    from plugin_framework.spark import ChangeLogWriter, DeltaTableWriter, HistoryWriter
+    from plugin_framework.spark.delta import read_delta
+    from plugin_framework.spark.sinks import OtherQueryError
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE t")
+    slot = _slot(db, f"owner_{way}")
+    sinks = {"state": TableStateWriter(str(tmp_path / "state")),
+             "delta": DeltaTableWriter(str(tmp_path / "delta")),
+             "history": HistoryWriter(str(tmp_path / "history")),
+             "log": ChangeLogWriter(str(tmp_path / "log"))}
+    errors: dict[str, list[str]] = {name: [] for name in sinks}
+
+    def fn(df: Any, batch_id: int) -> None:
+        for name, sink in sinks.items():
+            try:
+                sink(df, batch_id)
+            except OtherQueryError as exc:
+                errors[name].append(str(exc))
+
+    def run(checkpoint: str) -> None:
+        end = _end(db)
+        if way == "emitter":
+            ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=slot, publications=["p"],
+                               checkpoint=str(tmp_path / checkpoint), endpos=end).run()
+            return
+        spark.dataSource.register(PgoutputDataSource)
+        (spark.readStream.format("pgoutput").option("dsn", db.conninfo).option("slot", slot)
+         .option("publication", "p").load().writeStream.foreachBatch(fn)
+         .option("checkpointLocation", str(tmp_path / checkpoint))
+         .trigger(availableNow=True).start().awaitTermination(300))
+
+    db.execute("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 50) g")
+    run("first")
+    db.execute("INSERT INTO t SELECT g, 'b' FROM generate_series(51, 60) g")
+    run("first")  # the same query again: its next batch ids
+    assert errors == {name: [] for name in sinks}
+    db.execute("INSERT INTO t SELECT g, 'c' FROM generate_series(61, 70) g")
+    run("second")
+    for name, messages in errors.items():
+        assert messages and "numbers its batches from 0 again" in messages[0], (name, errors)
+    held = sorted(r["id"] for r in read_delta(str(tmp_path / "delta"), "public.t")
+                  .to_pyarrow_table().to_pylist())
+    assert held == list(range(1, 61))  # the second query's rows are not in it

@@ -19,6 +19,7 @@ Delivery is exactly-once for an idempotent ``fn``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -253,9 +254,20 @@ class ForeachBatchPlugin(OutputPlugin):
         """``fn`` and the sinks, for one batch; nothing more is delivered by this process if
         one of them fails."""
         self._failed = True
-        for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
-            fn(df, br.batch_id)
+        assert self.checkpoint is not None
+        self._name_query(self.checkpoint.id)
+        try:
+            for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
+                fn(df, br.batch_id)
+        finally:
+            self._name_query(None)
         self._failed = False
+
+    def _name_query(self, name: str | None) -> None:
+        """The batch ids are the checkpoint's: the sinks tell whose batches their target
+        holds by it (sinks.query_of), while fn and the sinks run (None: no longer)."""
+        with contextlib.suppress(Exception):  # (Spark Connect has no SparkContext)
+            self.spark.sparkContext.setLocalProperty("pgdecode.queryId", name)
 
     # --- transactions -----------------------------------------------------------------------
 

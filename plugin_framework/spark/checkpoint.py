@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,15 +92,20 @@ class Checkpoint:
         self.data.mkdir(exist_ok=True)
         meta = self.directory / "metadata"
         if meta.exists():
-            recorded = _read(meta).get("slot")
+            metadata = _read(meta)
+            recorded = metadata.get("slot")
             if slot is not None and recorded is not None and recorded != slot:
                 raise CheckpointError(
                     f'checkpoint {self.directory} belongs to slot "{recorded}", not "{slot}": '
                     "each slot needs a checkpoint directory of its own"
                 )
         else:
-            _write_atomic(meta, {"version": 1, "slot": slot,
-                                 "created": datetime.now(UTC).isoformat()})
+            metadata = {"version": 1, "slot": slot, "created": datetime.now(UTC).isoformat(),
+                        "id": uuid.uuid4().hex}
+            _write_atomic(meta, metadata)
+        # which batches its ids number (the sinks tell a target's query by it); a checkpoint
+        # made before ids has its creation time
+        self.id = str(metadata.get("id") or metadata.get("created"))
         self.last_committed: BatchRange | None = None
         self.pending: BatchRange | None = None
         self.acked = LSN(0)  # the ack recorded with the last committed batch

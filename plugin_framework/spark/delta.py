@@ -62,6 +62,7 @@ __all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "keys_match", "
 
 APP_ID = "pgdecode"
 _DESCRIPTION = "pgdecode.description"
+_QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (sinks.query_of)
 _DELETED = "_pgdecode_deleted"
 
 
@@ -114,12 +115,16 @@ class DeltaSink(TableSink):
         if table is not None:
             done = table.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
+                self.held_already(info.qualified_name, done,
+                                  (_pgdecode_commit(table) or {}).get(_QUERY), batch_id)
                 return None
         stored = None if table is None else _stored_description(table)
         description, renamed = describe_rows(info.qualified_name, rows, stored)
-        commit = CommitProperties(
-            app_transactions=[Transaction(self.app_id, batch_id)],
-            custom_metadata={_DESCRIPTION: orjson.dumps(description).decode()})
+        metadata = {_DESCRIPTION: orjson.dumps(description).decode()}
+        if self.query is not None:
+            metadata[_QUERY] = self.query
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)],
+                                  custom_metadata=metadata)
         return Pending(target, table, renamed, commit,
                        stored is not None and stored != description)
 
@@ -223,11 +228,19 @@ def quote(name: str) -> str:
 def _stored_description(table: Any) -> Description | None:
     """The description the table's newest pgdecode commit recorded (other writers' commits,
     such as OPTIMIZE, record none)."""
+    commit = _pgdecode_commit(table)
+    if commit is None:
+        return None
+    return tuple((str(n), str(t)) for n, t in orjson.loads(commit[_DESCRIPTION]))
+
+
+def _pgdecode_commit(table: Any) -> dict[str, Any] | None:
+    """The table's newest commit by pgdecode (it records the description), with the custom
+    metadata it recorded; None: there is none."""
     for limit in (1, 50, None):
         for commit in table.history(limit):
-            text = commit.get(_DESCRIPTION)
-            if text is not None:
-                return tuple((str(n), str(t)) for n, t in orjson.loads(text))
+            if commit.get(_DESCRIPTION) is not None:
+                return dict(commit)
     return None
 
 

@@ -34,7 +34,7 @@ from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, TableRows,
 from plugin_framework.spark.schemas import SchemaChangeError
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
-__all__ = ["ChangeLogWriter", "TableSink", "state_path"]
+__all__ = ["ChangeLogWriter", "OtherQueryError", "TableSink", "state_path"]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,6 +42,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SPARK_METADATA = "SPARK::metadata::json"  # a field's metadata, as Spark's toArrow writes it
+# the local properties that name the streaming query a batch is of: Spark's (kept in the
+# query's checkpoint), and ForeachBatchStream's (batcher.py, its checkpoint's id)
+QUERY_PROPERTIES = ("sql.streaming.queryId", "pgdecode.queryId")
+
+
+class OtherQueryError(RuntimeError):
+    """A batch that a target holds the id of already, from another streaming query: taken
+    for that one, it would be skipped."""
+
+
+def query_of(df: Any) -> str | None:
+    """The streaming query that batch ``df`` is of (None: not known, as under Spark Connect
+    or for a call by hand)."""
+    try:
+        context = df.sparkSession.sparkContext
+        values = [context.getLocalProperty(key) for key in QUERY_PROPERTIES]
+    except Exception:  # Spark Connect has no SparkContext
+        return None
+    return next((v for v in values if v), None)
 
 
 # --- file systems ---------------------------------------------------------------------------
@@ -159,7 +178,16 @@ class ChangeLogWriter:
         spark = df.sparkSession
         fs = _fs(spark, self.path)
         marker = fs.path("_pgdecode", "commits", str(batch_id))
+        query = query_of(df)
+        queries = fs.path("_pgdecode", "queries")  # one empty file per query that wrote
         if fs.exists(marker):
+            if query is not None and not fs.exists(fs.path("_pgdecode", "queries", query)) \
+                    and fs.exists(queries) and fs.children(queries):
+                raise OtherQueryError(
+                    f"{self.path}: the change log holds a batch {batch_id} of another "
+                    f"streaming query ({', '.join(sorted(fs.children(queries)))}); this query "
+                    f"({query}) numbers its batches from 0 again, so its batch would be "
+                    "taken for that one and skipped. Give this query a log path of its own")
             return  # this batch is in the log already
         staging = fs.path("_pgdecode", "staging", str(batch_id))
         out = df.withColumn("date", F.to_date("commit_time")) \
@@ -178,6 +206,9 @@ class ChangeLogWriter:
             directory, name = os.path.split(f)
             fs.rename(fs.path("_pgdecode", "staging", str(batch_id), f),
                       fs.path(directory, prefix + name) if directory else fs.path(prefix + name))
+        if query is not None:
+            fs.mkdirs(queries)
+            fs.touch(fs.path("_pgdecode", "queries", query))
         fs.mkdirs(fs.path("_pgdecode", "commits"))
         fs.touch(marker)
         fs.delete(staging)
@@ -211,9 +242,11 @@ class TableSink:
         self.on_table = on_table
         self.keys = dict(keys or {})
         self._warned: set[str] = set()
+        self.query: str | None = None  # the streaming query of the batch being applied
 
     def __call__(self, df: Any, batch_id: int) -> None:
         spark = df.sparkSession
+        self.query = query_of(df)
         for (schema, table), rows in sorted(batch_rows(df).items()):
             info = self.keyed(rows_info(schema, table, rows))
             if self.tables is not None and info.qualified_name not in self.tables:
@@ -235,6 +268,19 @@ class TableSink:
     def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         raise NotImplementedError
+
+    def held_already(self, table: str, held: int, by: str | None, batch_id: int) -> None:
+        """Table ``table`` of the target holds batches up to ``held`` (>= ``batch_id``),
+        written by query ``by``: the batch is skipped, if it is of that query. A batch of
+        another query (a new checkpoint numbers its batches from 0 again) is refused."""
+        if by is None or self.query is None or by == self.query:
+            return
+        raise OtherQueryError(
+            f"{self.path}: {table} holds batches up to {held} of another streaming query "
+            f"({by}); this query ({self.query}) numbers its batches from 0 again, so its "
+            f"batch {batch_id} would be taken for one the target holds and skipped. Give "
+            "this query a target path of its own (or remove the target's table to mirror it "
+            "again from this query)")
 
     def keyed(self, info: TableInfo) -> TableInfo:
         """``info`` with the key ``keys`` gives it, where its rows mark every column. A key

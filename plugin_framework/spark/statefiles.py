@@ -99,11 +99,13 @@ class Manifest:
     description: Description | None
     bounds: dict[str, list[Any]] = field(default_factory=dict)
     bounded: str | None = None  # None: written before the manifest said (the first key)
+    query: str | None = None  # the streaming query of the batch (None: not known)
 
     def dumps(self) -> bytes:
         return json.dumps({"batch": self.batch, "files": self.files,
                            "description": self.description, "bounds": self.bounds,
-                           "bounded": self.bounded}, ensure_ascii=False).encode()
+                           "bounded": self.bounded, "query": self.query},
+                          ensure_ascii=False).encode()
 
     def bounds_of(self, key: str) -> dict[str, list[Any]]:
         """The bounds, if they are of column ``key`` (a table's key can change: a primary
@@ -117,7 +119,7 @@ class Manifest:
         return cls(int(raw["batch"]), {str(k): int(v) for k, v in raw["files"].items()},
                    None if description is None else tuple((str(n), str(t))
                                                           for n, t in description),
-                   dict(raw.get("bounds") or {}), raw.get("bounded"))
+                   dict(raw.get("bounds") or {}), raw.get("bounded"), raw.get("query"))
 
 
 class StateFiles:
@@ -350,6 +352,7 @@ class TableStateWriter(TableSink):
         files = StateFiles.at(self.path, info.qualified_name, self.filesystem)
         manifest = files.recover()
         if manifest is not None and manifest.batch >= batch_id:
+            self.held_already(info.qualified_name, manifest.batch, manifest.query, batch_id)
             return  # applied already
         stored = None if manifest is None else manifest.description
         description, renamed = describe_rows(info.qualified_name, rows, stored)
@@ -399,6 +402,7 @@ class TableStateWriter(TableSink):
         rows = rows.replace_schema_metadata({**(rows.schema.metadata or {}),
                                              _SPARK_ROW_METADATA: spark_schema_json(info)})
         manifest.bounded = keys[0]
+        manifest.query = self.query
         count = max(1, math.ceil(rows.num_rows / self.file_rows))
         if rows.num_rows == 0 and manifest.files:
             count = 0  # other files hold the table's rows (and its schema)
