@@ -659,9 +659,13 @@ def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
     from 0 again. Each sink, finding a batch id its target holds already from another
     query, fails naming both instead of skipping the batch (which would lose its rows);
     the same query's batches go on as before."""
-    from plugin_framework.spark import ChangeLogWriter, DeltaTableWriter, HistoryWriter
+    from plugin_framework.spark import (
+        ChangeLogWriter,
+        DeltaTableWriter,
+        HistoryWriter,
+        OtherQueryError,
+    )
     from plugin_framework.spark.delta import read_delta
-    from plugin_framework.spark.sinks import OtherQueryError
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE t")
     slot = _slot(db, f"owner_{way}")

@@ -27,11 +27,12 @@ from plugin_framework.spark.batcher import (
     MicroBatchOutput,
 )
 from plugin_framework.spark.changefeed import change_feed
+from plugin_framework.spark.changelog import ChangeLogWriter, OtherQueryError
 from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter
-from plugin_framework.spark.sinks import ChangeLogWriter, state_path
+from plugin_framework.spark.sinks import state_path
 from plugin_framework.spark.statefiles import TableStateWriter, read_state
 from plugin_framework.spark.stream import ForeachBatchStream
 from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
@@ -40,7 +41,8 @@ __all__ = [
     "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS",
     "BatchFunction", "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
     "DeltaTableWriter", "ForeachBatchPlugin", "ForeachBatchStream", "HistoryWriter",
-    "MicroBatchOutput", "PgoutputDataSource", "TableInfo", "TableStateWriter", "arrow_schema",
+    "MicroBatchOutput", "OtherQueryError", "PgoutputDataSource", "TableInfo",
+    "TableStateWriter", "arrow_schema",
     "change_feed", "change_schema", "lsn_text", "read_delta", "read_state", "spark_type",
     "split_tables", "state_path", "table_infos",
 ]
