@@ -320,6 +320,27 @@ def test_snapshot_needs_a_new_slot(db: Any, env: dict[str, str], tmp_path: Path)
     assert "--snapshot needs --create-slot" in result.stderr
 
 
+def test_a_column_list_without_the_key_is_copied_whole_in_several_chunks(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """A column list that leaves out the key: the table cannot be copied in key order (nor
+    go on after an interruption), and its copy of more rows than a chunk takes all of
+    them once."""
+    if db.cluster.major_version < 15:
+        pytest.skip("column lists need PostgreSQL 15")
+    query(db.conninfo, """
+        CREATE TABLE k (id int PRIMARY KEY, v text);
+        INSERT INTO k SELECT g, 'v' || (g % 4000) FROM generate_series(1, 12000) g;
+        CREATE PUBLICATION nokey FOR TABLE k (v);""")
+    out = tmp_path / "out"
+    result = run_cli(["stream", "-d", db.conninfo, "-S", "nokey", "--publication", "nokey",
+                      "-f", str(out), "--create-slot", "--snapshot", "only"], env=env,
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    copied = Counter(ln["new"]["v"] for ln in read_lines(out))
+    with psycopg.connect(db.conninfo) as conn:
+        assert copied == Counter(v for v, in conn.execute("SELECT v FROM k"))
+
+
 def test_the_copy_follows_the_publications_row_filters_and_column_lists(
         db: Any, env: dict[str, str], tmp_path: Path) -> None:
     """Two publications filter one table (their filters ORed, as PostgreSQL's table sync

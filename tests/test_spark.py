@@ -706,3 +706,68 @@ def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
     held = sorted(r["id"] for r in read_delta(str(tmp_path / "delta"), "public.t")
                   .to_pyarrow_table().to_pylist())
     assert held == list(range(1, 61))  # the second query's rows are not in it
+
+
+def test_the_first_batch_starts_every_table_whatever_its_row_limit(db: Any) -> None:
+    """The TRUNCATE rows that start the snapshot's tables (start_tables) all go into the
+    first batch, however few rows a batch may take, before the stream's changes."""
+    from plugin_framework.spark.source import decode_slot
+
+    db.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
+               "CREATE PUBLICATION p FOR TABLE a, b")
+    slot = _slot(db, "starts")
+    db.execute("INSERT INTO a VALUES (1)")
+    _end(db)
+    opts = SourceOptions.parse({"dsn": db.conninfo, "slot": slot, "publication": "p"})
+    start = LSN(db.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                           "WHERE slot_name = %s", (slot,))[0][0])
+    decoded = decode_slot(opts, start, limit=1, starts=["public.a", "public.b"])
+    assert decoded.table is not None
+    rows = sorted(zip(decoded.table.column("commit_lsn").to_pylist(),
+                      decoded.table.column("seq").to_pylist(),
+                      decoded.table.column("table").to_pylist(),
+                      decoded.table.column("op").to_pylist(), strict=True))
+    assert [(t, op) for _, _, t, op in rows] == [("a", "TRUNCATE"), ("b", "TRUNCATE"),
+                                                 ("a", "INSERT")]
+    assert not decoded.snapshot_taken
+
+
+def test_a_replayed_batch_of_one_writer_is_not_taken_for_another_query_s(
+        spark: Any, tmp_path: Path) -> None:
+    """Two writers (app ids) of one Delta table, each its own query: a batch the first
+    writes again after the second committed is its own, skipped; another query's batch id
+    is refused. The change log tells its batches' queries apart batch by batch."""
+    from datetime import UTC, datetime
+
+    from plugin_framework.spark import ChangeLogWriter, DeltaTableWriter, OtherQueryError
+
+    when = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    columns = [("id", "integer", 23, True)]
+    rows: list[tuple[Any, ...]] = [
+        (100 + i, 500, i, 7, when, "INSERT", "public", "t", {"id": str(i)}, None,
+         {"id": str(i)}, None, f'{{"id":{i}}}', [], columns, None, None) for i in range(3)]
+    df = spark.createDataFrame(rows, change_schema())
+    context = spark.sparkContext
+    first = DeltaTableWriter(str(tmp_path / "delta"), app_id="a")
+    second = DeltaTableWriter(str(tmp_path / "delta"), app_id="b")
+    log = ChangeLogWriter(str(tmp_path / "log"))
+    try:
+        context.setLocalProperty("sql.streaming.queryId", "query-a")
+        first(df, 100)
+        log(df, 0)
+        context.setLocalProperty("sql.streaming.queryId", "query-b")
+        second(df, 7)
+        log(df, 5)
+        context.setLocalProperty("sql.streaming.queryId", "query-a")
+        first(df, 100)  # delivered again after a crash: skipped, not refused
+        log(df, 0)
+        context.setLocalProperty("sql.streaming.queryId", "query-c")
+        with pytest.raises(OtherQueryError, match="query-a"):
+            first(df, 3)
+        with pytest.raises(OtherQueryError, match="query-b"):
+            log(df, 5)
+        context.setLocalProperty("sql.streaming.queryId", "query-b")
+        with pytest.raises(OtherQueryError, match="query-a"):
+            log(df, 0)  # (each batch its own query: not any query that wrote the log)
+    finally:
+        context.setLocalProperty("sql.streaming.queryId", None)

@@ -389,7 +389,8 @@ class IncrementalSnapshot:
     def resume(self, state: dict[str, Any]) -> None:
         """Go on with the snapshots an output recorded (``note_incremental``, or an initial
         copy's record of the same form that did not finish): the table under way and those
-        queued, each after the last key the output holds of it."""
+        queued, each after the last key the output holds of it (of each of its ranges, for
+        a table an initial copy split: snapshot.CopyLedger)."""
         if state.get("slot") != self.slot:
             return
         self.done = [str(name) for name in state.get("done", [])]

@@ -293,7 +293,7 @@ class SnapshotCopy:
     def parts(self, tables: Sequence[TableCopy]) -> list[Part]:
         """The key ranges to copy the tables in, the largest tables' first (so that the
         workers end together): one per table, or, for a table of SPLIT_BYTES or more copied
-        in key order, one per worker."""
+        in key order, up to one per worker (split_points)."""
         workers = len(self.connections)
         parts: list[Part] = []
         for table in sorted(tables, key=lambda t: -t.size):
@@ -516,7 +516,7 @@ class CopyLedger:
         ranges = self.left[name]
         if chunk.last:
             del ranges[chunk.part]
-        elif chunk.inserts:
+        elif chunk.inserts and chunk.table.ordered:  # (else it has no key to go on after)
             ranges[chunk.part] = (row_key(self.decoder, chunk.table, chunk.inserts[-1]),
                                   ranges[chunk.part][1])
         if not ranges:

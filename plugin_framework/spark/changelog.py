@@ -159,15 +159,17 @@ class ChangeLogWriter:
         fs = _fs(spark, self.path)
         marker = fs.path("_pgdecode", "commits", str(batch_id))
         query = query_of(df)
-        queries = fs.path("_pgdecode", "queries")  # one empty file per query that wrote
         if fs.exists(marker):
-            if query is not None and not fs.exists(fs.path("_pgdecode", "queries", query)) \
-                    and fs.exists(queries) and fs.children(queries):
+            # which query wrote it: an empty file N@QUERY beside N (none: not known)
+            owners = [name.partition("@")[2]
+                      for name in fs.children(fs.path("_pgdecode", "commits"))
+                      if name.startswith(f"{batch_id}@")]
+            if query is not None and owners and query not in owners:
                 raise OtherQueryError(
-                    f"{self.path}: the change log holds a batch {batch_id} of another "
-                    f"streaming query ({', '.join(sorted(fs.children(queries)))}); this query "
-                    f"({query}) numbers its batches from 0 again, so its batch would be "
-                    "taken for that one and skipped. Give this query a log path of its own")
+                    f"{self.path}: the change log holds batch {batch_id} of another "
+                    f"streaming query ({', '.join(owners)}); this query ({query}) numbers its "
+                    "batches from 0 again, so its batch would be taken for that one and "
+                    "skipped. Give this query a log path of its own")
             return  # this batch is in the log already
         staging = fs.path("_pgdecode", "staging", str(batch_id))
         out = df.withColumn("date", F.to_date("commit_time")) \
@@ -186,9 +188,8 @@ class ChangeLogWriter:
             directory, name = os.path.split(f)
             fs.rename(fs.path("_pgdecode", "staging", str(batch_id), f),
                       fs.path(directory, prefix + name) if directory else fs.path(prefix + name))
-        if query is not None:
-            fs.mkdirs(queries)
-            fs.touch(fs.path("_pgdecode", "queries", query))
         fs.mkdirs(fs.path("_pgdecode", "commits"))
+        if query is not None:
+            fs.touch(fs.path("_pgdecode", "commits", f"{batch_id}@{query}"))
         fs.touch(marker)
         fs.delete(staging)

@@ -3,7 +3,7 @@
 
 Laid out as Structured Streaming's own checkpoints are::
 
-    CHECKPOINT/metadata        {"version": 1, "slot": ..., "created": ...}
+    CHECKPOINT/metadata        {"version": 1, "slot": ..., "created": ..., "id": ...}
     CHECKPOINT/offsets/17      {"batch_id": 17, "start": "0/1A2B3C8", "end": "0/1A9F000", ...}
     CHECKPOINT/commits/17      {"batch_id": 17, "end": "0/1A9F000", ...}
 

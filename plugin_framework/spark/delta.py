@@ -62,7 +62,8 @@ __all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "keys_match", "
 
 APP_ID = "pgdecode"
 _DESCRIPTION = "pgdecode.description"
-_QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (sinks.query_of)
+_QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (changelog.query_of)
+_APP = "pgdecode.app"  # the app_id whose transaction version the commit set
 _DELETED = "_pgdecode_deleted"
 
 
@@ -116,11 +117,11 @@ class DeltaSink(TableSink):
             done = table.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
                 self.held_already(info.qualified_name, done,
-                                  (_pgdecode_commit(table) or {}).get(_QUERY), batch_id)
+                                  _query_of_app(table, self.app_id), batch_id)
                 return None
         stored = None if table is None else _stored_description(table)
         description, renamed = describe_rows(info.qualified_name, rows, stored)
-        metadata = {_DESCRIPTION: orjson.dumps(description).decode()}
+        metadata = {_DESCRIPTION: orjson.dumps(description).decode(), _APP: self.app_id}
         if self.query is not None:
             metadata[_QUERY] = self.query
         commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)],
@@ -232,6 +233,17 @@ def _stored_description(table: Any) -> Description | None:
     if commit is None:
         return None
     return tuple((str(n), str(t)) for n, t in orjson.loads(commit[_DESCRIPTION]))
+
+
+def _query_of_app(table: Any, app_id: str) -> str | None:
+    """The streaming query of the table's newest commit by ``app_id`` (the one that set its
+    transaction version); None: not recorded."""
+    for limit in (1, 50, None):
+        for commit in table.history(limit):
+            if commit.get(_APP) == app_id:
+                query = commit.get(_QUERY)
+                return None if query is None else str(query)
+    return None
 
 
 def _pgdecode_commit(table: Any) -> dict[str, Any] | None:

@@ -249,9 +249,12 @@ def fill_from(changes: Any, filled: Sequence[str], info: TableInfo, base: Any) -
     wanting = changes.filter(F.size("_fill") > 0)
     unknown = wanting.join(source.select(*[f"_s_{k}" for k in keys]),
                            same_keys(keys, "_o_", "_s_"), "left_anti")
-    found = unknown.select("_fill").collect()  # (a job over keys, in batches with fills)
-    if found:
-        report_unknown_toast(info, len(found), [c for row in found for c in row["_fill"]])
+    # (a job over keys, in the batches with fills)
+    found = unknown.agg(F.count(F.lit(1)).alias("rows"),
+                        F.array_distinct(F.flatten(F.collect_list("_fill"))).alias("columns")
+                        ).first()
+    if found is not None and found["rows"]:
+        report_unknown_toast(info, found["rows"], found["columns"])
     out = changes.join(source, same_keys(keys, "_o_", "_s_"), "left")
     for c in filled:
         out = out.withColumn(c, F.when(F.array_contains("_fill", c), column(f"_v_{c}"))

@@ -130,17 +130,20 @@ class _Collector(OutputPlugin):
         # A snapshot chunk sits at its high watermark, a message: one past it, so that it is
         # after a transaction whose commit ends there, and before any that commits later
         snapshot = bool(txn.is_snapshot)
+        # a table's start (start_tables), which every table to copy gets in this batch
+        starts = getattr(txn, "snapshot_starts", None) is not None
         end = LSN(txn.end_lsn + snapshot)
         if self.end is not None and end >= self.end:
             self.done = True
-        if (end <= self.start or (self.end is not None and end > self.end) or self.full
+        if (end <= self.start or (self.end is not None and end > self.end)
+                or (self.full and not starts)
                 or not (snapshot or self.builder.txn_rows(index))):
             self.builder.rollback(mark)
             return
         self.builder.close_txn(index, txn, commit_lsn)
         self.last_end = end
-        self.snapshot_taken |= snapshot and getattr(txn, "snapshot_starts", None) is None
-        if self.limit is not None and self.builder.rows >= self.limit:
+        self.snapshot_taken |= snapshot and not starts
+        if self.limit is not None and not starts and self.builder.rows >= self.limit:
             self.full = True
 
 
