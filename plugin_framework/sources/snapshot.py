@@ -219,10 +219,8 @@ def copy_statement(table: TableCopy, after: Key | None = None, limit: int | None
     """COPY of the table's published columns and rows, in key order where it has one; with
     ``after`` and ``limit``, the next chunk of them (incremental.py); with ``upto``, those
     up to that key."""
-    only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
-    query = sql.SQL("SELECT {} FROM {}{}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), only,
-        sql.Identifier(table.schema, table.name))
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), _relation(table))
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
     where: list[sql.Composable] = []
     if table.row_filter is not None:
@@ -242,17 +240,23 @@ def copy_statement(table: TableCopy, after: Key | None = None, limit: int | None
     return sql.SQL("COPY ({}) TO STDOUT").format(query)
 
 
+def _relation(table: TableCopy) -> sql.Composed:
+    """The table as a query reads its published rows: with its partitions when it is copied
+    through its root, else ONLY it."""
+    only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
+    return sql.SQL("{}{}").format(only, sql.Identifier(table.schema, table.name))
+
+
 def split_points(conn: psycopg.Connection[Any], table: TableCopy, parts: int) -> list[Key]:
     """Keys that cut the table into ``parts`` ranges of about as many rows: quantiles of the
     keys in a sample of its blocks (TABLESAMPLE SYSTEM). Any keys would cut it into ranges
     that hold each row once; these make them even. Fewer if the sample has too few keys."""
-    only = sql.SQL("") if table.partitioned else sql.SQL("ONLY ")
     # ordered by the columns (t.k), not by their text (the output columns are named k too)
     keys = [sql.Identifier("t", k) for k in table.key]
     blocks = max(1, table.size // 8192)
-    query = sql.SQL("SELECT {} FROM {}{} AS t TABLESAMPLE SYSTEM (%s) ORDER BY {}").format(
+    query = sql.SQL("SELECT {} FROM {} AS t TABLESAMPLE SYSTEM (%s) ORDER BY {}").format(
         sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys),
-        only, sql.Identifier(table.schema, table.name), sql.SQL(", ").join(keys))
+        _relation(table), sql.SQL(", ").join(keys))
     sample = conn.execute(query, (min(100.0, 100.0 * SAMPLE_BLOCKS / blocks),)).fetchall()
     points: list[Key] = []
     for n in range(1, parts):

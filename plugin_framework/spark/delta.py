@@ -238,20 +238,23 @@ def _stored_description(table: Any) -> Description | None:
 def _query_of_app(table: Any, app_id: str) -> str | None:
     """The streaming query of the table's newest commit by ``app_id`` (the one that set its
     transaction version); None: not recorded."""
-    for limit in (1, 50, None):
-        for commit in table.history(limit):
-            if commit.get(_APP) == app_id:
-                query = commit.get(_QUERY)
-                return None if query is None else str(query)
-    return None
+    commit = _newest_commit(table, lambda c: c.get(_APP) == app_id)
+    query = None if commit is None else commit.get(_QUERY)
+    return None if query is None else str(query)
 
 
 def _pgdecode_commit(table: Any) -> dict[str, Any] | None:
     """The table's newest commit by pgdecode (it records the description), with the custom
     metadata it recorded; None: there is none."""
+    return _newest_commit(table, lambda c: c.get(_DESCRIPTION) is not None)
+
+
+def _newest_commit(table: Any, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The newest commit of the table's history that is ``wanted`` (read from the newest
+    back: most often the last commit is it)."""
     for limit in (1, 50, None):
         for commit in table.history(limit):
-            if commit.get(_DESCRIPTION) is not None:
+            if wanted(commit):
                 return dict(commit)
     return None
 

@@ -73,6 +73,7 @@ from plugin_framework.spark.source_snapshot import (
     has_work,
     initial_progress,
     start_tables,
+    starts_of,
 )
 
 if TYPE_CHECKING:
@@ -380,7 +381,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         progress = start.get("snapshot")
         make = self._snapshot.plan(progress)
-        starts = (progress or {}).get("starts") or []
+        starts = starts_of(progress)
         upto, high = self._target, self._snapshot.high
         if upto is not None and high is not None:
             upto = max(upto, high)  # availableNow: the snapshot is available now too
@@ -429,7 +430,7 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:  # planned again after a restart: read the same range again
             chunk = end.get("chunk")
             make = None if chunk is None else self._snapshot.replay(chunk)
-            starts = (start.get("snapshot") or {}).get("starts") or []
+            starts = starts_of(start.get("snapshot"))
             table = decode_slot(self.opts, LSN(start["lsn"]), end=LSN(end["lsn"]),
                                 snapshot=make, starts=starts).table
         metrics = self._metered()

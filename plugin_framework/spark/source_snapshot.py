@@ -94,6 +94,12 @@ def start_tables(conn: psycopg.Connection[Any], opts: SourceOptions, pipeline: P
                                first=True)
 
 
+def starts_of(progress: dict[str, Any] | None) -> list[str]:
+    """The tables whose copy a batch starting at a snapshot record ``progress`` begins
+    (start_tables; only the first batch's record has them)."""
+    return list((progress or {}).get("starts") or [])
+
+
 def has_work(progress: dict[str, Any] | None) -> bool:
     """Whether a snapshot record has a table under way or queued."""
     return progress is not None and bool(progress.get("table") or progress.get("queue"))
