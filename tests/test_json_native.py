@@ -231,6 +231,27 @@ def test_each_native_code_writes_what_its_converter_does(conv: Any, data: st.Dat
         assert fast.used["fast"] + fast.used["declined"] == len(body)
 
 
+# What a JSON string escapes or checks, and what it keeps (a space, DEL), as the server's
+# text of a text column: put_string scans eight bytes at a time, so each is tried at every
+# place in and around two words, and run together.
+_SPECIALS = [b'"', b"\\", b"\n", b"\x01", b"\x1f", b" ", b"\x7f", "é".encode(), "€".encode(),
+             "😀".encode(), b"\xc3", b"\xff", b"\xed\xa0\x80", b"\xe0\x80\x80"]
+
+
+@pytest.mark.parametrize("special", _SPECIALS, ids=repr)
+def test_strings_are_written_alike_wherever_a_special_character_falls(special: bytes) -> None:
+    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "v", 25, -1),))
+    values = [b"a" * i + special + b"b" * (24 - i) for i in range(25)]
+    values += [special * 9, b"x" * 7 + special * 3 + b"y" * 9, special + b"\xc3\xa9" * 8]
+    for value in values:  # one transaction each: text that is not UTF-8 fails its own
+        fast = both(JsonEmitter, transaction(relation, [Insert(16400, TupleData(b"t", (value,)))]),
+                    {})
+        if decodes(value):
+            assert fast.error is None and fast.used["fast"] == 1
+        else:
+            assert fast.error is not None
+
+
 # --- where the pipeline uses a fast_change, and where not --------------------------------------
 
 TABLE = RelationMessage(16401, "public", "items", "d", (RelationColumn(True, "id", 20, -1),

@@ -70,27 +70,49 @@ static size_t utf8_sequence(const unsigned char *s, const unsigned char *end) {
     return 0;
 }
 
+/* Where the run at s of bytes that a JSON string keeps as they are and that need no UTF-8
+ * check ends: the first byte below 0x20, from 0x80, '"' or '\\' (or end). Eight bytes at a
+ * time while none of them is one (long text values are mostly such runs), then byte by
+ * byte: the word test only says whether a word holds one, never where. */
+static const unsigned char *plain_run_end(const unsigned char *s, const unsigned char *end) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while ((size_t)(end - s) >= 8) {
+        uint64_t x, quote, backslash;
+        memcpy(&x, s, 8);
+        quote = x ^ (ones * '"');
+        backslash = x ^ (ones * '\\');
+        /* (v - ones * k) & ~v has a byte's high bit set where a byte of v is below k (k at
+         * most 0x80; exact as a test of the whole word, which is all it is used for): a
+         * byte below 0x20, or zero once XORed with the quote or the backslash; x itself
+         * has one where a byte is from 0x80 */
+        if ((((x - ones * 0x20) & ~x) | ((quote - ones) & ~quote)
+             | ((backslash - ones) & ~backslash) | x) & highs)
+            break;
+        s += 8;
+    }
+    while (s < end && *s >= 0x20 && *s < 0x80 && *s != '"' && *s != '\\')
+        s++;
+    return s;
+}
+
 /* s as a JSON string; DEFER if it is not valid UTF-8 (Python then raises the decode error). */
 static int put_string(Buf *b, const unsigned char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *end = s + n;
     TRY(put_byte(b, '"'));
     while (s < end) {
+        /* the run kept as it is: plain bytes and well-formed UTF-8 sequences */
         const unsigned char *run = s;
-        while (s < end && *s >= 0x20 && *s < 0x80 && *s != '"' && *s != '\\')
-            s++;
-        TRY(put(b, run, (size_t)(s - run)));
-        if (s == end)
-            break;
-        unsigned char c = *s;
-        if (c >= 0x80) {
+        for (s = plain_run_end(s, end); s < end && *s >= 0x80; s = plain_run_end(s, end)) {
             size_t len = utf8_sequence(s, end);
             if (len == 0)
                 return DEFER;
-            TRY(put(b, s, len));
             s += len;
-            continue;
         }
+        TRY(put(b, run, (size_t)(s - run)));
+        if (s == end)
+            break;
+        unsigned char c = *s; /* below 0x20, '"' or '\\': escaped */
         char esc[6] = {'\\', 0, 0, 0, 0, 0};
         size_t len = 2;
         switch (c) {
