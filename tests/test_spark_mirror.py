@@ -63,11 +63,12 @@ class Made:
 
 
 def run_workload(conn: Any, seed: int, transactions: int,
-                 record: Callable[[], None] = lambda: None) -> Made:
+                 record: Callable[[], None] = lambda: None, *, alter: bool = True) -> Made:
     """Random small transactions, each of a few statements, on keys 1-30 of m_pk; some
     prepared, then committed or rolled back (COMMIT/ROLLBACK PREPARED straight after, as the
     prepared transaction holds its rows' locks), some large, to be streamed; ``record()``
-    after each on an autocommit ``conn``."""
+    after each on an autocommit ``conn``; ``alter``: then m_full's equal rows and both
+    tables' ALTER TABLEs."""
     r = random.Random(seed)
     ex = conn.execute
     made = Made()
@@ -99,6 +100,8 @@ def run_workload(conn: Any, seed: int, transactions: int,
         if r.random() < 0.02:
             ex("TRUNCATE m_full")
         record()
+    if not alter:
+        return made
     # equal rows that stay: seven (a batch of 7 ends with them), then, in the next batch,
     # one of them updated and one deleted
     ex("INSERT INTO m_full SELECT 7, 'same', 's' FROM generate_series(1, 7)")

@@ -9,8 +9,9 @@
 Helpers: ``split_tables`` (typed per-table DataFrames), ``change_feed`` (the same in
 Spark's change-feed shape), ``ChangeLogWriter`` and
 ``TableStateWriter`` (Parquet), ``DeltaTableWriter`` and ``HistoryWriter`` (Delta Lake, with
-the ``delta`` extra): ready-made idempotent foreachBatch functions; ``read_state``,
-``read_delta``.
+the ``delta`` extra), ``MergeIntoWriter`` (Spark SQL MERGE INTO, into Delta or Iceberg
+tables of the session's catalogs): ready-made idempotent foreachBatch functions;
+``read_state``, ``read_delta``.
 PySpark is imported only when something needs it.
 """
 
@@ -32,6 +33,7 @@ from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter
+from plugin_framework.spark.mergeinto import MergeIntoWriter, merge_sql
 from plugin_framework.spark.sinks import state_path
 from plugin_framework.spark.statefiles import TableStateWriter, read_state
 from plugin_framework.spark.stream import ForeachBatchStream
@@ -41,10 +43,9 @@ __all__ = [
     "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS",
     "BatchFunction", "BatchRange", "ChangeLogWriter", "Checkpoint", "CheckpointError",
     "DeltaTableWriter", "ForeachBatchPlugin", "ForeachBatchStream", "HistoryWriter",
-    "MicroBatchOutput", "OtherQueryError", "PgoutputDataSource", "TableInfo",
-    "TableStateWriter", "arrow_schema",
-    "change_feed", "change_schema", "lsn_text", "read_delta", "read_state", "spark_type",
-    "split_tables", "state_path", "table_infos",
+    "MergeIntoWriter", "MicroBatchOutput", "OtherQueryError", "PgoutputDataSource", "TableInfo",
+    "TableStateWriter", "arrow_schema", "change_feed", "change_schema", "lsn_text", "merge_sql",
+    "read_delta", "read_state", "spark_type", "split_tables", "state_path", "table_infos",
 ]
 
 
