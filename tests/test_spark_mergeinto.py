@@ -23,7 +23,7 @@ import pytest
 from spark_fixtures import _norm, spark_session, table_rows  # noqa: F401
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
-from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter
+from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
 from plugin_framework.spark.schemas import SchemaChangeError
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,8 @@ def test_merge_into_gives_the_table_for_batches_applied_twice(db: Any, spark: An
     TOAST values that updates leave unchanged, deletes and reinserts, rolled-back
     savepoints, two-phase commits and rollbacks, streamed transactions), without its
     ALTER TABLEs: in batches of 7, each merged twice (as a batch delivered again after a
-    crash: the second merge takes the staged rows), and in batches of 10,000."""
+    crash: the second merge takes the staged rows) through ForeachBatchStream, and in batches
+    of 10,000 through the data source."""
     with db.connect(autocommit=True) as conn:
         conn.execute(SCHEMA)
     sizes = (7, 10_000)
@@ -90,10 +91,19 @@ def test_merge_into_gives_the_table_for_batches_applied_twice(db: Any, spark: An
                 writer(df, batch_id)
             merged.append(batch_id)
 
-        ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=f"mi{size}",
-                           publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
-                           max_rows=size, endpos=end).run()
-        assert_took_both_ways(db, f"mi{size}")
+        if size == sizes[0]:
+            ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=f"mi{size}",
+                               publications=["mirror_pub"],
+                               checkpoint=str(tmp_path / f"ck{size}"), max_rows=size,
+                               endpos=end).run()
+            assert_took_both_ways(db, f"mi{size}")
+        else:  # the other way in
+            spark.dataSource.register(PgoutputDataSource)
+            (spark.readStream.format("pgoutput").option("dsn", db.conninfo)
+             .option("slot", f"mi{size}").option("publication", "mirror_pub")
+             .option("maxChangesPerBatch", str(size)).load().writeStream.foreachBatch(fn)
+             .option("checkpointLocation", str(tmp_path / f"ck{size}"))
+             .trigger(availableNow=True).start().awaitTermination(300))
         assert len(merged) > (5 if size == sizes[0] else 0)
         got = target_rows(spark, f"{namespace}{size}.m_pk", columns)
         missing, extra = expected - got, got - expected
