@@ -17,7 +17,13 @@ Options:
   (``DeltaTableWriter``; needs the ``delta`` extra);
 - ``history-path=PATH``: keep each table's history, one row per version, as Delta Lake
   tables (``HistoryWriter``; needs the ``delta`` extra);
-- ``keys=JSON``: for those three, the primary keys of tables whose rows mark every column as
+- ``merge-into=TARGET``: apply each table's net changes to a table of the session's
+  catalogs with Spark SQL MERGE INTO (``MergeIntoWriter``; Delta Lake or Iceberg tables,
+  with their jars on the cluster), TARGET naming each as ``lake.app.{table}`` (``{schema}``
+  and ``{table}`` are replaced); ``merge-staging=DIR`` (default: ``merge-staging`` in the
+  checkpoint directory) keeps a batch's net changes for a batch delivered again;
+  ``merge-create=CLAUSE`` creates missing targets (``USING delta``);
+- ``keys=JSON``: for those four, the primary keys of tables whose rows mark every column as
   the key (REPLICA IDENTITY FULL), as ``{"schema.table": ["column", ...]}`` (``[]``: no key;
   see ``TableSink``); ``pgdecode mirror`` reads them from the catalog;
 - ``max-rows`` (10000), ``max-bytes`` (64 MB), ``max-delay`` (seconds, 5): a batch goes
@@ -49,6 +55,7 @@ from plugin_framework.spark import (
     DeltaTableWriter,
     ForeachBatchPlugin,
     HistoryWriter,
+    MergeIntoWriter,
     TableStateWriter,
 )
 
@@ -106,6 +113,9 @@ OPTIONS = [
     Option("state-path", None, _text, "maintain the tables' current state as Parquet here"),
     Option("delta-path", None, _text, "maintain the tables' current state as Delta tables here"),
     Option("history-path", None, _text, "keep the tables' history as Delta tables here"),
+    Option("merge-into", None, _text, "MERGE INTO these tables of the catalogs ({table})"),
+    Option("merge-staging", None, _text, "where merge-into stages a batch's net changes"),
+    Option("merge-create", None, _text, "merge-into creates missing tables with this clause"),
     Option("keys", {}, _keys, "the state sinks' keys of REPLICA IDENTITY FULL tables (JSON)"),
     Option("max-rows", DEFAULT_MAX_ROWS, _positive_int, "rows that close a batch"),
     Option("max-bytes", DEFAULT_MAX_BYTES, _positive_int, "bytes (estimated) that close a batch"),
@@ -165,6 +175,16 @@ class SparkEmitter(ForeachBatchPlugin):
             sinks.append(DeltaTableWriter(opts["delta-path"], keys=keys))
         if opts["history-path"] is not None:
             sinks.append(HistoryWriter(opts["history-path"], keys=keys))
+        if opts["merge-into"] is not None:
+            staging = opts["merge-staging"]
+            if staging is None:
+                if self.checkpoint_dir is None:
+                    raise ValueError("merge-into needs merge-staging=DIR, or a checkpoint")
+                staging = os.path.join(self.checkpoint_dir, "merge-staging")
+            sinks.append(MergeIntoWriter(opts["merge-into"], staging, keys=keys,
+                                         create=opts["merge-create"]))
+        elif opts["merge-staging"] is not None or opts["merge-create"] is not None:
+            raise ValueError("merge-staging and merge-create go with merge-into=TARGET")
         self.sinks = sinks + self.sinks
         if self.spark is None:
             # Spark's Python workers must run this interpreter (and find pgdecode)

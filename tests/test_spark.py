@@ -471,6 +471,10 @@ def test_emitter_options_are_checked(tmp_path: Path) -> None:
         start({"foreach-batch": "json:dumps", "checkpoint": str(tmp_path)}, MemoryOutput())
     with pytest.raises(CallbackError, match='"max-rows"'):
         start({"max-rows": "0", "checkpoint": str(tmp_path)})
+    with pytest.raises(CallbackError, match="go with merge-into"):
+        start({"merge-staging": str(tmp_path / "m"), "checkpoint": str(tmp_path)})
+    with pytest.raises(CallbackError, match="must name each table"):
+        start({"merge-into": "lake.app.t", "checkpoint": str(tmp_path)})
     emitter = start({"foreach-batch": "json:dumps", "checkpoint": str(tmp_path),
                      "max-rows": "5", "max-delay": "1.5", "state-path": str(tmp_path / "s")})
     assert (emitter.max_rows, emitter.max_delay, len(emitter.sinks)) == (5, 1.5, 1)

@@ -9,9 +9,11 @@ rewrite of the table's rows); only the storage is the catalog's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 import zipfile
 from collections import Counter
@@ -30,11 +32,12 @@ pytestmark = pytest.mark.slow
 
 JAVA = Path(__file__).parent / "java" / "RowLevelCatalog.java"
 CATALOG = "pgdecode_mem"
+CATALOG_CLASS = "pgdecode.testing.RowLevelCatalog"
 
 
-@pytest.fixture(scope="session", name="catalog")
-def row_level_catalog(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The test catalog, compiled against the session's Spark and added to it."""
+@pytest.fixture(scope="session", name="rowlevel_jar")
+def rowlevel_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test catalog, compiled against the installed Spark."""
     import pyspark
 
     javac = shutil.which("javac")
@@ -48,8 +51,14 @@ def row_level_catalog(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> I
     with zipfile.ZipFile(jar, "w") as out:
         for path in classes.rglob("*.class"):
             out.write(path, path.relative_to(classes).as_posix())
-    spark.sql(f"ADD JAR '{jar}'")
-    spark.conf.set(f"spark.sql.catalog.{CATALOG}", "pgdecode.testing.RowLevelCatalog")
+    return jar
+
+
+@pytest.fixture(scope="session", name="catalog")
+def row_level_catalog(spark: Any, rowlevel_jar: Path) -> Iterator[str]:
+    """The test catalog, added to the session's Spark."""
+    spark.sql(f"ADD JAR '{rowlevel_jar}'")
+    spark.conf.set(f"spark.sql.catalog.{CATALOG}", CATALOG_CLASS)
     yield CATALOG
 
 
@@ -183,3 +192,39 @@ def test_merge_into_refuses_what_it_cannot_apply_and_says_what_to_do(
         end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
         ForeachBatchStream(spark, keyless, dsn=db.conninfo, slot="mr", publications=["r_pub"],
                            checkpoint=str(tmp_path / "ck"), endpos=end).run()
+
+
+def test_the_spark_emitter_merges_into_the_catalog_s_tables(db: Any, rowlevel_jar: Path,
+                                                            tmp_path: Path) -> None:
+    """``pgdecode stream --emitter spark -o merge-into=...``: the sink runs before
+    ``foreach-batch``, whose function records the target after each batch."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE t")
+    db.execute("SELECT pg_create_logical_replication_slot('cli_merge', 'pgoutput')")
+    db.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 30) g")
+    db.execute("UPDATE t SET id = id + 100, v = 'moved' WHERE id <= 10")
+    db.execute("DELETE FROM t WHERE id BETWEEN 20 AND 25")
+    end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    out = tmp_path / "target.json"
+    (tmp_path / "cli_merge_fn.py").write_text(
+        "import json\n"
+        "def fn(df, batch_id):\n"
+        f"    rows = df.sparkSession.table('{CATALOG}.cli.t').collect()\n"
+        f"    with open({str(out)!r}, 'w') as f:\n"
+        "        json.dump(sorted([r['id'], r['v']] for r in rows), f)\n")
+    env = {"PYTHONPATH": str(tmp_path), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
+    conf = f"spark.ui.enabled=false,spark.jars={rowlevel_jar}," \
+           f"spark.sql.catalog.{CATALOG}={CATALOG_CLASS}"
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin_framework.cli", "stream", "-d", db.conninfo,
+         "-S", "cli_merge", "--publication", "p", "--emitter", "spark",
+         "-o", f"checkpoint={tmp_path / 'ck'}", "-o", f"merge-into={CATALOG}.cli.{{table}}",
+         "-o", "merge-create=USING memory", "-o", "foreach-batch=cli_merge_fn:fn",
+         "-o", "max-rows=20", "-o", "master=local[1]", "-o", f"spark-conf={conf}",
+         "-E", end, "--status-interval", "1", "-q"],
+        env=env, capture_output=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    expected = sorted([i, v] for i, v in db.execute("SELECT id, v FROM t"))
+    assert json.loads(out.read_text()) == expected
+    # the staging is in the checkpoint directory unless merge-staging says otherwise
+    assert list((tmp_path / "ck" / "merge-staging" / "public" / "t").glob("batch-*.parquet"))
