@@ -19,8 +19,8 @@ Options:
   tables (``HistoryWriter``; needs the ``delta`` extra);
 - ``merge-into=TARGET``: apply each table's net changes to a table of the session's
   catalogs with Spark SQL MERGE INTO (``MergeIntoWriter``; Delta Lake or Iceberg tables,
-  with their jars on the cluster), TARGET naming each as ``lake.app.{table}`` (``{schema}``
-  and ``{table}`` are replaced); ``merge-staging=DIR`` (default: ``merge-staging`` in the
+  with their jars on the cluster), TARGET naming each as ``lake.{schema}.{table}`` (the
+  names are put in quoted); ``merge-staging=DIR`` (default: ``merge-staging`` in the
   checkpoint directory) keeps a batch's net changes for a batch delivered again;
   ``merge-create=CLAUSE`` creates missing targets (``USING delta``);
 - ``keys=JSON``: for those four, the primary keys of tables whose rows mark every column as

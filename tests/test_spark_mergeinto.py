@@ -18,6 +18,7 @@ import uuid
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from spark_fixtures import _norm, spark_session, table_rows  # noqa: F401
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
+from plugin_framework.spark.mergeinto import target_name
 from plugin_framework.spark.schemas import SchemaChangeError
 
 pytestmark = pytest.mark.slow
@@ -160,7 +162,7 @@ def test_merge_into_refuses_what_it_cannot_apply_and_says_what_to_do(
     with pytest.raises(SchemaChangeError, match="does not exist") as missing:
         run()
     statement = str(missing.value).split("\n", 1)[1]
-    assert statement.startswith(f"CREATE TABLE {refused}.r (`id` int, `v` string, "
+    assert statement.startswith(f"CREATE TABLE {refused}.`r` (`id` int, `v` string, "
                                 "`_commit_lsn` bigint, `_lsn` bigint)"), statement
     spark.sql(statement)
     run()  # the batch again, now merged
@@ -170,7 +172,7 @@ def test_merge_into_refuses_what_it_cannot_apply_and_says_what_to_do(
     with pytest.raises(SchemaChangeError, match="missing: w") as added:
         run()
     fixes = str(added.value).split("\n", 1)[1]
-    assert fixes == f"ALTER TABLE {refused}.r ADD COLUMNS (`w` int)", fixes
+    assert fixes == f"ALTER TABLE {refused}.`r` ADD COLUMNS (`w` int)", fixes
     before = len(batches)
     spark.sql(fixes)
     run()
@@ -228,3 +230,163 @@ def test_the_spark_emitter_merges_into_the_catalog_s_tables(db: Any, rowlevel_ja
     assert json.loads(out.read_text()) == expected
     # the staging is in the checkpoint directory unless merge-staging says otherwise
     assert list((tmp_path / "ck" / "merge-staging" / "public" / "t").glob("batch-*.parquet"))
+
+
+# --- hand-made batches: what the workloads above do not reach ------------------------------
+
+_LSN = [0x1000]
+
+
+def change(table: str, op: str, spec: list[tuple[str, str, bool]], *,
+           after: dict[str, str | None] | None = None, key: dict[str, str] | None = None,
+           toast: tuple[str, ...] = (), schema: str = "public") -> dict[str, Any]:
+    """A change row in the server's text (its own transaction)."""
+    _LSN[0] += 0x10
+
+    def pairs(row: dict[str, str | None] | None) -> list[tuple[str, str | None]] | None:
+        return None if row is None else list(row.items())
+
+    return {"lsn": _LSN[0], "commit_lsn": _LSN[0], "seq": 0, "xid": 1,
+            "commit_time": datetime(2024, 1, 1, tzinfo=UTC), "op": op, "schema": schema,
+            "table": table, "key": pairs(key), "before": pairs(key), "after": pairs(after),
+            "before_json": None if key is None else json.dumps(key),
+            "after_json": None if after is None else json.dumps(after),
+            "unchanged_toast": list(toast), "origin": None, "gid": None,
+            "columns": [{"name": n, "type": t, "type_oid": 0, "key": k} for n, t, k in spec]}
+
+
+def batch(spark: Any, rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    from plugin_framework.spark.changes import arrow_schema, change_schema
+
+    return spark.createDataFrame(pa.Table.from_pylist(rows, schema=arrow_schema()),
+                                 change_schema())
+
+
+def test_timestamps_keep_their_values_in_any_session_time_zone(spark: Any, catalog: str,
+                                                               tmp_path: Path) -> None:
+    """timestamp (timestamp_ntz) and timestamptz values, one in a daylight saving gap of the
+    session's zone, in a batch with and one without unchanged TOAST values."""
+    spec = [("id", "integer", True), ("ts", "timestamp without time zone", False),
+            ("tz", "timestamp with time zone", False), ("big", "text", False)]
+    ns = f"{catalog}.ts_{uuid.uuid4().hex[:8]}"
+    writer = MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "staging"), create="")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        writer(batch(spark, [
+            change("t", "INSERT", spec, after={"id": "1", "ts": "2024-01-01 12:00:00",
+                                               "tz": "2024-01-01 12:00:00+00", "big": "B1"}),
+            change("t", "INSERT", spec, after={"id": "2", "ts": "2024-03-10 02:30:00",
+                                               "tz": "2024-03-10 07:30:00+00", "big": "B2"}),
+        ]), 0)
+        writer(batch(spark, [
+            change("t", "UPDATE", spec, key={"id": "1"}, toast=("big",),
+                   after={"id": "1", "ts": "2024-01-01 12:00:01",
+                          "tz": "2024-01-01 12:00:01+00", "big": None}),
+            change("t", "INSERT", spec, after={"id": "3", "ts": "2024-06-01 08:00:00",
+                                               "tz": "2024-06-01 08:00:00+02", "big": "B3"}),
+        ]), 1)
+        got = sorted(tuple(r) for r in spark.sql(
+            f"SELECT id, CAST(ts AS STRING), unix_micros(tz), big FROM {ns}.t").collect())
+        types = {f.name: f.dataType.simpleString() for f in spark.table(f"{ns}.t").schema}
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+
+    def micros(text: str) -> int:
+        return int(datetime.fromisoformat(text).timestamp()) * 1_000_000
+
+    assert got == [(1, "2024-01-01 12:00:01", micros("2024-01-01 12:00:01+00:00"), "B1"),
+                   (2, "2024-03-10 02:30:00", micros("2024-03-10 07:30:00+00:00"), "B2"),
+                   (3, "2024-06-01 08:00:00", micros("2024-06-01 08:00:00+02:00"), "B3")]
+    assert (types["ts"], types["tz"]) == ("timestamp_ntz", "timestamp")
+
+
+def test_any_table_name_gets_a_target_of_its_own(spark: Any, catalog: str,
+                                                 tmp_path: Path) -> None:
+    """Names with blanks, dots, backquotes and letters beyond ASCII stay one part of the
+    target's name (and of the staging path); two tables that would share a target are
+    refused."""
+    spec = [("id", "integer", True), ("v", "text", False)]
+    ns = f"n{uuid.uuid4().hex[:8]}"
+    writer = MergeIntoWriter(f"{catalog}.{ns}_{{schema}}.{{table}}", str(tmp_path / "staging"),
+                             create="")
+    names = [("Odd Schema", "My Table"), ("public", "a.b"), ("public", "données"),
+             ("public", "x`y"), ("a/..", "b")]
+    writer(batch(spark, [change(table, "INSERT", spec, schema=schema,
+                                after={"id": str(i), "v": f"{schema}.{table}"})
+                         for i, (schema, table) in enumerate(names)]), 0)
+    for i, (schema, table) in enumerate(names):
+        target = target_name(f"{catalog}.{ns}_{{schema}}.{{table}}", schema, table)
+        assert [tuple(r) for r in spark.table(target).select("id", "v").collect()] == \
+            [(i, f"{schema}.{table}")], target
+    assert len(list((tmp_path / "staging").rglob("batch-0.parquet"))) == len(names)
+    shared = MergeIntoWriter(f"{catalog}.{ns}_shared.{{table}}", str(tmp_path / "s2"),
+                             create="")
+    with pytest.raises(ValueError, match="would both go to"):
+        shared(batch(spark, [change("t", "INSERT", spec, schema=schema,
+                                    after={"id": "1", "v": "x"}) for schema in ("a", "b")]), 0)
+
+
+def test_a_batch_delivered_again_with_other_rows_is_refused(spark: Any, catalog: str,
+                                                            tmp_path: Path) -> None:
+    """The TOAST values of its key changes were taken from the target before it was merged:
+    the same batch id with other rows of the same query cannot take them again."""
+    spec = [("id", "integer", True), ("big", "text", False)]
+    ns = f"{catalog}.again_{uuid.uuid4().hex[:8]}"
+    writer = MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "staging"), create="")
+    context = spark.sparkContext
+    context.setLocalProperty("pgdecode.queryId", "q1")
+    try:
+        writer(batch(spark, [change("t", "INSERT", spec, after={"id": "1", "big": "BIG"})]), 0)
+        moved = [change("t", "UPDATE", spec, key={"id": "1"}, toast=("big",),
+                        after={"id": "2", "big": None})]
+        writer(batch(spark, moved), 1)
+        writer(batch(spark, moved), 1)  # the same rows again: merged again, the same table
+        assert [tuple(r) for r in spark.table(f"{ns}.t").select("id", "big").collect()] == \
+            [(2, "BIG")]
+        other = [*moved, change("t", "INSERT", spec, after={"id": "9", "big": "X"})]
+        with pytest.raises(RuntimeError, match="delivered again with other rows"):
+            writer(batch(spark, other), 1)
+        assert [tuple(r) for r in spark.table(f"{ns}.t").select("id", "big").collect()] == \
+            [(2, "BIG")]
+        context.setLocalProperty("pgdecode.queryId", "q2")  # another query's batch 1
+        writer(batch(spark, other), 1)
+    finally:
+        context.setLocalProperty("pgdecode.queryId", None)
+    assert sorted(tuple(r) for r in spark.table(f"{ns}.t").select("id", "big").collect()) == \
+        [(2, None), (9, "X")]  # (its fill was staged again from the merged target: NULL)
+
+
+def test_type_changes_float_keys_and_truncates(spark: Any, catalog: str,
+                                               tmp_path: Path) -> None:
+    """A column whose type changed is refused with the ALTER TABLE the target needs; a float
+    key changed from 0 to -0 (one row for SQL) is one update; a TRUNCATE empties the target
+    in the session's dynamic partition overwrite mode too."""
+    ns = f"{catalog}.misc_{uuid.uuid4().hex[:8]}"
+    writer = MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "staging"), create="")
+    numeric = [("id", "integer", True), ("n", "numeric(10,2)", False)]
+    writer(batch(spark, [change("t", "INSERT", numeric, after={"id": "1", "n": "1.25"})]), 0)
+    wider = [("id", "integer", True), ("n", "numeric(12,4)", False)]
+    with pytest.raises(SchemaChangeError, match=r"of another type: n \(decimal\(10,2\), not "
+                                                r"decimal\(12,4\)\)") as retyped:
+        writer(batch(spark, [change("t", "UPDATE", wider, key={"id": "1"},
+                                    after={"id": "1", "n": "1.2345"})]), 1)
+    assert str(retyped.value).endswith(f"ALTER TABLE {ns}.`t` ALTER COLUMN `n` TYPE "
+                                       "decimal(12,4)")
+    floats = [("k", "double precision", True), ("v", "text", False)]
+    writer(batch(spark, [change("f", "INSERT", floats, after={"k": "0", "v": "a"})]), 0)
+    writer(batch(spark, [change("f", "UPDATE", floats, key={"k": "0"},
+                                after={"k": "-0", "v": "b"})]), 1)
+    assert [tuple(r) for r in spark.table(f"{ns}.f").select("k", "v").collect()] == \
+        [(0.0, "b")]
+    mode = "spark.sql.sources.partitionOverwriteMode"
+    spark.conf.set(mode, "dynamic")
+    try:
+        writer(batch(spark, [{**change("f", "TRUNCATE", floats), "before": None,
+                              "key": None, "before_json": None}]), 2)
+        assert spark.conf.get(mode) == "dynamic"
+    finally:
+        spark.conf.unset(mode)
+    assert spark.table(f"{ns}.f").count() == 0

@@ -21,7 +21,9 @@ TABLE statements the target needs).
 from __future__ import annotations
 
 import logging
+import math
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,30 +33,68 @@ from plugin_framework.spark.schemas import SchemaChangeError, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
     counted,
-    fill_from,
+    fill_rows,
     key_names,
+    key_tuples,
     net_arrow,
     net_of,
     no_fills,
 )
-from plugin_framework.spark.tables import TableInfo
+from plugin_framework.spark.tables import TableInfo, spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-__all__ = ["MergeIntoWriter", "merge_sql", "overwrite_sql"]
+__all__ = ["MergeIntoWriter", "merge_sql", "overwrite_sql", "target_name"]
 
 log = logging.getLogger("pgdecode.spark.sinks")
 
 DELETED = "_deleted"  # the staged rows' flag: the key goes
 EXTRA = ("_commit_lsn", "_lsn")  # the columns the target has after the table's own
 _STAGED_META = b"pgdecode.staged"
+_OVERWRITE_MODE = "spark.sql.sources.partitionOverwriteMode"
 
 
 def ident(name: str) -> str:
     """A column name as a Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def _parts(template: str) -> list[str]:
+    """A multi-part name's parts, split at the dots outside backquotes (kept as written)."""
+    parts, part, quoted, i = [], "", False, 0
+    while i < len(template):
+        c = template[i]
+        if c == "`":
+            if quoted and template[i + 1:i + 2] == "`":
+                part += "``"
+                i += 2
+                continue
+            quoted = not quoted
+        if c == "." and not quoted:
+            parts.append(part)
+            part = ""
+        else:
+            part += c
+        i += 1
+    parts.append(part)
+    return parts
+
+
+def target_name(template: str, schema: str, table: str) -> str:
+    """The target of table ``schema.table``: ``template``'s parts (``lake.{schema}.{table}``)
+    with ``{schema}`` and ``{table}`` replaced by the names, each part that has one quoted
+    whole, so that any name stays one part (``lake.`Odd Schema`.`a.b```)."""
+    out = []
+    for part in _parts(template):
+        if "{" not in part:
+            out.append(part)
+            continue
+        if part.startswith("`") and part.endswith("`") and len(part) > 1:
+            part = part[1:-1].replace("``", "`")
+        out.append(ident(part.format(schema=schema, table=table)))
+    return ".".join(out)
 
 
 def merge_sql(target: str, source: str, columns: Sequence[str], keys: Sequence[str]) -> str:
@@ -99,8 +139,14 @@ class MergeIntoWriter(TableSink):
 
         if "{table}" not in target:
             raise ValueError(f"target {target!r} must name each table: put {{table}} (and "
-                             "{schema}) in it, as in 'lake.{schema}_{table}'")
+                             "{schema}) in it, as in 'lake.{schema}.{table}'")
+        try:
+            target_name(target, "s", "t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"target {target!r}: only {{schema}} and {{table}} are replaced "
+                             f"({exc!r})") from None
         super().__init__(staging, tables, on_table, keys=keys)
+        self._targets: dict[str, str] = {}  # a target, case-folded -> the table it holds
         self.target = target
         self.create = create
         if filesystem is None:
@@ -109,34 +155,46 @@ class MergeIntoWriter(TableSink):
         self.staging = staging.rstrip("/")
 
     def target_of(self, info: TableInfo) -> str:
-        return self.target.format(schema=ident(info.schema)[1:-1],
-                                  table=ident(info.table)[1:-1])
+        """The table's target; two tables going to one target (catalogs may fold case) are
+        refused."""
+        target = target_name(self.target, info.schema, info.table)
+        held = self._targets.setdefault(target.casefold(), info.qualified_name)
+        if held != info.qualified_name:
+            raise ValueError(f"{held} and {info.qualified_name} would both go to {target}: "
+                             "give each its own target (put {schema} and {table} in "
+                             f"{self.target!r})")
+        return target
 
     def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
               batch_id: int) -> None:
         name = info.qualified_name
         if counted(info):
+            given = self.keys.get(name)
             raise ValueError(
                 f"{name} has no key a MERGE could match rows on (REPLICA IDENTITY FULL or "
-                f"none): give its primary key in keys={{{name!r}: [...]}}, or mirror it with "
-                "TableStateWriter or DeltaTableWriter, which count equal rows")
+                + (f"none): the key given for it ({', '.join(given)}) names columns this "
+                   "batch's rows do not have (see the warning before)" if given else
+                   f"none): give its primary key in keys={{{name!r}: [...]}}")
+                + ", or mirror it with TableStateWriter or DeltaTableWriter, which count "
+                "equal rows")
         target = self.target_of(info)
         describe_rows(name, rows, None)  # the rows under the batch's newest column names
         columns = [n for n, _, _ in info.columns]
+        schema = _spark_schema(info)
+        self._check_target(spark, target, info, schema)
         fingerprint = _fingerprint(rows, self.query)
         staged = self._staged(info, batch_id, fingerprint)
         if staged is None:
             staged = self._stage(spark, rows, info, batch_id, target, columns, fingerprint)
-        else:
-            self._check_target(spark, target, info, staged)
-        source = spark.createDataFrame(staged)
+        source = spark.createDataFrame(staged, schema)
         view = _view_name(info, batch_id)
         source.createOrReplaceTempView(view)
         try:
             truncated = orjson.loads((staged.schema.metadata or {})[_STAGED_META])["truncated"]
-            statement = (overwrite_sql(target, view, [*columns, *EXTRA]) if truncated
-                         else merge_sql(target, view, [*columns, *EXTRA], key_names(info)))
-            spark.sql(statement)
+            if truncated:
+                _static_overwrite(spark, overwrite_sql(target, view, [*columns, *EXTRA]))
+            else:
+                spark.sql(merge_sql(target, view, [*columns, *EXTRA], key_names(info)))
         finally:
             spark.catalog.dropTempView(view)
         self._forget_before(info, batch_id)
@@ -144,11 +202,16 @@ class MergeIntoWriter(TableSink):
     # -- staging
 
     def _dir(self, info: TableInfo) -> str:
-        return f"{self.staging}/{info.schema}/{info.table}"
+        """The table's staging directory (its names percent-encoded: any name is one
+        directory of its own)."""
+        return "/".join([self.staging, *(urllib.parse.quote(n, safe="")
+                                         for n in (info.schema, info.table))])
 
     def _staged(self, info: TableInfo, batch_id: int, fingerprint: dict[str, Any]
                 ) -> pa.Table | None:
-        """The staged net changes of this batch, if they are of these rows."""
+        """The staged net changes of this batch, if they are of these rows; None if there
+        are none, or they are another query's. The same query's batch with other rows
+        cannot be merged safely: refused."""
         import pyarrow.parquet as pq
 
         path = f"{self._dir(info)}/batch-{batch_id}.parquet"
@@ -157,12 +220,19 @@ class MergeIntoWriter(TableSink):
         except FileNotFoundError:
             return None
         meta = orjson.loads((table.schema.metadata or {}).get(_STAGED_META, b"{}"))
-        if meta.get("rows") != fingerprint:
-            log.warning("%s: the staged net changes of batch %d are of other rows (another "
-                        "query's batch of that id, or a batch that was not delivered again "
-                        "as it was): staged again", info.qualified_name, batch_id)
+        if meta.get("rows") == fingerprint:
+            return table
+        if (meta.get("rows") or {}).get("query") != fingerprint["query"]:
+            log.warning("%s: batch %d was staged by another query (%s): staged again for "
+                        "this one", info.qualified_name, batch_id,
+                        (meta.get("rows") or {}).get("query"))
             return None
-        return table
+        raise RuntimeError(
+            f"{info.qualified_name}: batch {batch_id} is delivered again with other rows "
+            f"({fingerprint}) than it was staged with ({meta.get('rows')}), and may have been "
+            "merged already: its unchanged TOAST values cannot be taken from the target "
+            f"again. Delete {path} to stage it from the target as it is now (values that are "
+            "no longer there are then NULL, with a warning), or mirror the table again")
 
     def _stage(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
                batch_id: int, target: str, columns: list[str],
@@ -173,15 +243,14 @@ class MergeIntoWriter(TableSink):
 
         net = net_of(rows, info)
         changes = net_arrow(spark, net, info)
-        self._check_target(spark, target, info, changes.select([*columns, *EXTRA, DELETED]))
         if net.truncated:
             changes = no_fills(changes, info)
         elif net.fills:
-            filled = fill_from(spark.createDataFrame(changes), net.fills, info,
-                               spark.table(target))
-            changes = filled.toArrow().cast(changes.schema)
+            changes = fill_rows(changes, net.fills, info,
+                                _target_rows(spark, target, info, changes, net.fills))
         meta = {"rows": fingerprint, "truncated": net.truncated}
-        staged = changes.select([*columns, *EXTRA, DELETED]).replace_schema_metadata(
+        staged = _one_row_per_key(changes.select([*columns, *EXTRA, DELETED]),
+                                  key_names(info)).replace_schema_metadata(
             {_STAGED_META: orjson.dumps(meta)})
         folder = self._dir(info)
         self.filesystem.create_dir(folder, recursive=True)
@@ -202,12 +271,11 @@ class MergeIntoWriter(TableSink):
 
     # -- the target
 
-    def _check_target(self, spark: Any, target: str, info: TableInfo, rows: pa.Table) -> None:
-        """The target exists (created with ``create``) and has the columns of ``rows`` (the
-        staged net changes: the table's, ``EXTRA`` and ``_deleted``), in any order; else a
-        SchemaChangeError with the statements it needs."""
-        wanted = [f for f in spark.createDataFrame(rows.slice(0, 0)).schema.fields
-                  if f.name != DELETED]
+    def _check_target(self, spark: Any, target: str, info: TableInfo, schema: Any) -> None:
+        """The target exists (created with ``create``) and has the columns of ``schema``
+        (the staged net changes': the table's, ``EXTRA`` and ``_deleted``) with their
+        types, in any order; else a SchemaChangeError with the statements it needs."""
+        wanted = [f for f in schema.fields if f.name != DELETED]
         if not spark.catalog.tableExists(target):
             statement = (f"CREATE TABLE {target} ("
                          + ", ".join(f"{ident(f.name)} {f.dataType.simpleString()}"
@@ -219,21 +287,100 @@ class MergeIntoWriter(TableSink):
                     f"create=\"USING ...\" to create it:\n{statement}")
             spark.sql(f"{statement} {self.create}")
             return
-        have = set(spark.table(target).columns)
+        have = {f.name: f.dataType for f in spark.table(target).schema.fields}
         missing = [f for f in wanted if f.name not in have]
-        extra = sorted(have - {f.name for f in wanted})
-        if missing or extra:
-            fixes = [f"ALTER TABLE {target} ADD COLUMNS ("
-                     + ", ".join(f"{ident(f.name)} {f.dataType.simpleString()}"
-                                 for f in missing) + ")"] if missing else []
-            fixes += [f"ALTER TABLE {target} DROP COLUMN {ident(c)}" for c in extra]
-            raise SchemaChangeError(
-                f"{info.qualified_name}: the target {target} has not the table's columns "
-                f"(missing: {', '.join(f.name for f in missing) or 'none'}; not in the "
-                f"table: {', '.join(extra) or 'none'}). Change it to match, then start "
-                "again (the batch is delivered again); a column renamed at the source keeps "
-                "its values with ALTER TABLE ... RENAME COLUMN old TO new instead of the DROP "
-                "and ADD:\n" + ";\n".join(fixes))
+        retyped = [f for f in wanted if f.name in have and have[f.name] != f.dataType]
+        extra = sorted(set(have) - {f.name for f in wanted})
+        if not (missing or retyped or extra):
+            return
+        fixes = [f"ALTER TABLE {target} ADD COLUMNS ("
+                 + ", ".join(f"{ident(f.name)} {f.dataType.simpleString()}" for f in missing)
+                 + ")"] if missing else []
+        fixes += [f"ALTER TABLE {target} ALTER COLUMN {ident(f.name)} TYPE "
+                  f"{f.dataType.simpleString()}" for f in retyped]
+        fixes += [f"ALTER TABLE {target} DROP COLUMN {ident(c)}" for c in extra]
+        raise SchemaChangeError(
+            f"{info.qualified_name}: the target {target} has not the table's columns "
+            f"(missing: {', '.join(f.name for f in missing) or 'none'}; of another type: "
+            + (", ".join(f"{f.name} ({have[f.name].simpleString()}, not "
+                         f"{f.dataType.simpleString()})" for f in retyped) or "none")
+            + f"; not in the table: {', '.join(extra) or 'none'}). Change it to match, then "
+            "start again (the batch is delivered again). A column renamed at the source "
+            "keeps its values with ALTER TABLE ... RENAME COLUMN old TO new instead of the "
+            "DROP and ADD; on Delta tables, DROP and RENAME COLUMN need column mapping "
+            "('delta.columnMapping.mode' = 'name'), and a type can change only where the "
+            "format widens it (else mirror the table again):\n" + ";\n".join(fixes))
+
+
+def _spark_schema(info: TableInfo) -> Any:
+    """The Spark schema of a table's staged net changes: its columns in split_tables'
+    types, then EXTRA and ``_deleted``."""
+    from pyspark.sql import types as T
+
+    return T.StructType(
+        [T.StructField(name, spark_type(pg)) for name, pg, _ in info.columns]
+        + [T.StructField(name, T.LongType()) for name in EXTRA]
+        + [T.StructField(DELETED, T.BooleanType())])
+
+
+def _target_rows(spark: Any, target: str, info: TableInfo, changes: pa.Table,
+                 filled: Sequence[str]) -> pa.Table:
+    """The key and ``filled`` columns of the target's rows under the keys that the rows
+    wanting fills (``_fill``) began at (``_o_<key>``), in Arrow, as fill_rows takes them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    keys = key_names(info)
+    types = {name: pg for name, pg, _ in info.columns}
+    wanting = pa.array([bool(fill) for fill in changes.column("_fill").to_pylist()], pa.bool_())
+    origins = changes.filter(wanting).select([f"_o_{k}" for k in keys])
+    origins = origins.rename_columns([f"_k{i}" for i in range(len(keys))])
+    origins = origins.filter(pc.invert(pc.is_null(origins.column(0))))
+    wanted = spark.createDataFrame(origins, T.StructType(
+        [T.StructField(f"_k{i}", spark_type(types[k])) for i, k in enumerate(keys)]))
+    rows = spark.table(target).select(*[F.col(ident(c)) for c in [*keys, *filled]])
+    match = None
+    for i, k in enumerate(keys):
+        same = rows[ident(k)].eqNullSafe(wanted[f"_k{i}"])
+        match = same if match is None else match & same
+    return rows.join(F.broadcast(wanted), match, "left_semi").toArrow()
+
+
+def _one_row_per_key(staged: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``staged`` without the deletions of keys that a row put also matches in SQL (<=>
+    takes -0.0 for 0.0, and NaN for NaN): a float key changed from 0 to -0 is one target
+    row, updated, and a MERGE refuses two source rows for it."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_floating(staged.schema.field(k).type) for k in keys):
+        return staged
+
+    def sql_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(("NaN" if math.isnan(v) else v + 0.0) if isinstance(v, float) else v
+                     for v in key)
+
+    deleted = staged.column(DELETED).to_pylist()
+    tuples = [sql_key(key) for key in key_tuples(staged, keys)]
+    put = {key for key, gone in zip(tuples, deleted, strict=True) if not gone}
+    keep = [not (gone and key in put) for key, gone in zip(tuples, deleted, strict=True)]
+    return staged.filter(pa.array(keep, pa.bool_()))
+
+
+def _static_overwrite(spark: Any, statement: str) -> None:
+    """An INSERT OVERWRITE of the whole table, whatever the session's partition overwrite
+    mode (dynamic would keep the partitions no row is written to: a TRUNCATE lost)."""
+    conf = spark.conf
+    before = conf.get(_OVERWRITE_MODE, None)
+    conf.set(_OVERWRITE_MODE, "static")
+    try:
+        spark.sql(statement)
+    finally:
+        if before is None:
+            conf.unset(_OVERWRITE_MODE)
+        else:
+            conf.set(_OVERWRITE_MODE, before)
 
 
 def _fingerprint(rows: Sequence[dict[str, Any]], query: str | None) -> dict[str, Any]:
@@ -255,7 +402,7 @@ def _fingerprint(rows: Sequence[dict[str, Any]], query: str | None) -> dict[str,
 
 
 def _view_name(info: TableInfo, batch_id: int) -> str:
-    return re.sub(r"\W", "_", f"pgdecode_net_{info.schema}_{info.table}_{batch_id}")
+    return re.sub(r"[^0-9A-Za-z_]", "_", f"pgdecode_net_{info.schema}_{info.table}_{batch_id}")
 
 
 def _uri(path: str) -> str:
