@@ -390,3 +390,26 @@ def test_type_changes_float_keys_and_truncates(spark: Any, catalog: str,
     finally:
         spark.conf.unset(mode)
     assert spark.table(f"{ns}.f").count() == 0
+
+
+def test_a_replica_identity_full_table_is_merged_by_the_key_given(spark: Any, catalog: str,
+                                                                  tmp_path: Path) -> None:
+    """Its rows mark every column as the key; ``keys`` names the primary key the MERGE
+    matches on (a key change with a TOAST value left unchanged, merged twice)."""
+    spec = [("id", "integer", True), ("v", "text", True), ("big", "text", True)]
+    ns = f"{catalog}.full_{uuid.uuid4().hex[:8]}"
+    writer = MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "staging"), create="",
+                             keys={"public.f": ["id"]})
+    writer(batch(spark, [change("f", "INSERT", spec, after={"id": "1", "v": "a", "big": "B"}),
+                         change("f", "INSERT", spec, after={"id": "2", "v": "a", "big": "C"})]),
+           0)
+    moved = batch(spark, [
+        change("f", "UPDATE", spec, key={"id": "1", "v": "a", "big": "B"}, toast=("big",),
+               after={"id": "3", "v": "a", "big": None}),
+        change("f", "DELETE", spec, key={"id": "2", "v": "a", "big": "C"})])
+    for _ in range(2):
+        writer(moved, 1)
+        assert [tuple(r) for r in spark.table(f"{ns}.f").select("id", "v", "big").collect()] \
+            == [(3, "a", "B")]
+    with pytest.raises(ValueError, match="no key a MERGE could match rows on"):
+        MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "s2"), create="")(moved, 1)
