@@ -352,11 +352,11 @@ def test_stream_reader_reads_a_batch_again_after_a_restart(db: Any) -> None:
     assert gids == [["open"]]
 
 
-def test_stream_reader_has_the_server_decode_each_transaction_about_once(db: Any) -> None:
+def test_stream_reader_has_the_server_decode_each_transaction_once(db: Any) -> None:
     """The reader driven as Spark drives it (the next batch planned before the last one is
     committed), in batches of 250 rows over 40 transactions of 100: every row once, and
-    the server decodes each transaction about once (pg_stat_replication_slots), not again
-    for every batch that follows it."""
+    the server decodes each transaction once (pg_stat_replication_slots): not again for
+    the batch that follows it, nor for the part of a peek a batch did not take."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR ALL TABLES")
@@ -378,7 +378,7 @@ def test_stream_reader_has_the_server_decode_each_transaction_about_once(db: Any
     assert sorted(int(dict(row)["id"]) for row in seen) == list(range(1, 4001))
     decoded = db.execute("SELECT total_txns FROM pg_stat_replication_slots "
                          "WHERE slot_name = %s", (slot,))[0][0]
-    assert 40 <= decoded <= 60, decoded
+    assert 40 <= decoded <= 42, decoded  # (53 when each peek asked for a quarter more)
 
 
 # --- types ----------------------------------------------------------------------------------------

@@ -340,7 +340,8 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: LSN | None = None
         self._snapshot = SourceSnapshot(options)
         self._metrics: SourceMetrics | None = None
-        self._per_row = 1.25  # messages per row, as the last batch's peek had them
+        # messages per row, as the last batch's peek had them (at first: a row a message)
+        self._per_row = 1.0
         self._advanced: LSN | None = None  # where latestOffset last moved the slot to
 
     def __getstate__(self) -> dict[str, Any]:
@@ -385,9 +386,10 @@ class PgoutputStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         upto, high = self._target, self._snapshot.high
         if upto is not None and high is not None:
             upto = max(upto, high)  # availableNow: the snapshot is available now too
-        # a window a quarter larger than the messages of max_rows rows (as many per row as
-        # in the last batch): the server decodes what the batch takes, and a little more
-        window = None if max_rows is None else math.ceil(max_rows * self._per_row * 1.25)
+        # a window of the messages of max_rows rows (as many per row as in the last batch):
+        # the server stops at the commit that reaches it, so the batch takes what it
+        # decoded, and the next peek decodes nothing of it again
+        window = None if max_rows is None else math.ceil(max_rows * self._per_row)
         decoded = decode_slot(self.opts, begin, limit=max_rows, upto=upto, snapshot=make,
                               window=window, starts=starts)
         if decoded.rows and not decoded.snapshot_taken:  # a chunk's rows are no messages
