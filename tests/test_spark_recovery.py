@@ -41,6 +41,11 @@ def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
         args += ["--endpos", endpos]
     if kill_at is not None:
         args += ["--kill-at", str(kill_at)]
+    return _start_args(args, work)
+
+
+def _start_args(args: list[str], work: Path) -> subprocess.Popen[bytes]:
+    """A pipeline process of its own process group (killed whole), logging to work."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(RUNNER.parent), str(RUNNER.parent.parent), os.environ.get("PYTHONPATH", "")]))
     log = open(work / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115

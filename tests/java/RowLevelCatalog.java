@@ -52,15 +52,81 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * A table is one group: a row-level operation reads every row, and its write replaces them
  * all with the rows Spark writes back. Rows go to the tasks in their partitions and come
  * back in the commit messages; the table keeps them in the driver (local mode).
+ *
+ * With the option path (spark.sql.catalog.NAME.path=DIR), each commit also writes the
+ * table's schema and rows to a file in DIR (a new file renamed over the old: a commit is
+ * there whole or not at all), and a table not in memory is read from there, so that the
+ * tables outlive the driver (tests that kill it with SIGKILL).
  */
 public class RowLevelCatalog implements TableCatalog {
-    static final Map<Identifier, MemTable> TABLES = new ConcurrentHashMap<>();
+    /** Every catalog's tables, by catalog name: one store for every session of the JVM (a
+     * streaming query's foreachBatch runs in a clone of the session, with catalogs of its
+     * own), as a format's storage is. */
+    private static final Map<String, Map<Identifier, MemTable>> STORES = new ConcurrentHashMap<>();
+    private Map<Identifier, MemTable> tables;
 
     private String name;
+    /** Where this catalog keeps its tables across drivers; null: in memory only. */
+    private java.io.File dir;
 
     @Override
     public void initialize(String name, CaseInsensitiveStringMap options) {
         this.name = name;
+        this.tables = STORES.computeIfAbsent(name, n -> new ConcurrentHashMap<>());
+        String path = options.get("path");
+        if (path != null) {
+            dir = new java.io.File(path);
+            dir.mkdirs();
+        }
+    }
+
+    java.io.File fileOf(Identifier ident) {
+        if (dir == null) {
+            return null;
+        }
+        String id = String.join(".", ident.namespace()) + "." + ident.name();
+        return new java.io.File(dir, java.net.URLEncoder.encode(id,
+                java.nio.charset.StandardCharsets.UTF_8) + ".table");
+    }
+
+    /** The table's schema and rows, to its file (if tables are kept). */
+    static void persist(MemTable table) {
+        java.io.File file = table.file;
+        if (file == null) {
+            return;
+        }
+        java.io.File tmp = new java.io.File(file.getPath() + ".tmp");
+        try (java.io.ObjectOutputStream out = new java.io.ObjectOutputStream(
+                new java.io.FileOutputStream(tmp))) {
+            out.writeObject(table.schema.json());
+            out.writeObject(new ArrayList<>(table.rows));
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
+        try {
+            java.nio.file.Files.move(tmp.toPath(), file.toPath(),
+                    java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
+    }
+
+    @SuppressWarnings("unchecked")
+    MemTable restore(Identifier ident) {
+        java.io.File file = fileOf(ident);
+        if (file == null || !file.exists()) {
+            return null;
+        }
+        try (java.io.ObjectInputStream in = new java.io.ObjectInputStream(
+                new java.io.FileInputStream(file))) {
+            StructType schema = (StructType) org.apache.spark.sql.types.DataType.fromJson(
+                    (String) in.readObject());
+            MemTable table = new MemTable(ident, schema, file);
+            table.rows = Collections.unmodifiableList((List<InternalRow>) in.readObject());
+            return table;
+        } catch (java.io.IOException | ClassNotFoundException e) {
+            throw new IllegalStateException("cannot read " + file, e);
+        }
     }
 
     @Override
@@ -70,16 +136,21 @@ public class RowLevelCatalog implements TableCatalog {
 
     @Override
     public Identifier[] listTables(String[] namespace) {
-        return TABLES.keySet().stream()
+        return tables.keySet().stream()
                 .filter(id -> java.util.Arrays.equals(id.namespace(), namespace))
                 .toArray(Identifier[]::new);
     }
 
     @Override
     public Table loadTable(Identifier ident) throws NoSuchTableException {
-        MemTable table = TABLES.get(ident);
+        MemTable table = tables.get(ident);
         if (table == null) {
-            throw new NoSuchTableException(ident);
+            table = restore(ident);
+            if (table == null) {
+                throw new NoSuchTableException(ident);
+            }
+            tables.putIfAbsent(ident, table);
+            table = tables.get(ident);
         }
         return table;
     }
@@ -88,10 +159,11 @@ public class RowLevelCatalog implements TableCatalog {
     @SuppressWarnings("deprecation")
     public Table createTable(Identifier ident, StructType schema, Transform[] partitions,
                              Map<String, String> properties) throws TableAlreadyExistsException {
-        MemTable table = new MemTable(ident.toString(), schema);
-        if (TABLES.putIfAbsent(ident, table) != null) {
+        MemTable table = new MemTable(ident, schema, fileOf(ident));
+        if (restore(ident) != null || tables.putIfAbsent(ident, table) != null) {
             throw new TableAlreadyExistsException(ident.toString());
         }
+        persist(table);
         return table;
     }
 
@@ -117,15 +189,18 @@ public class RowLevelCatalog implements TableCatalog {
             }
             rows.add(new GenericInternalRow(values));
         }
-        MemTable altered = new MemTable(table.name, schema);
+        MemTable altered = new MemTable(ident, schema, table.file);
         altered.rows = Collections.unmodifiableList(rows);
-        TABLES.put(ident, altered);
+        tables.put(ident, altered);
+        persist(altered);
         return altered;
     }
 
     @Override
     public boolean dropTable(Identifier ident) {
-        return TABLES.remove(ident) != null;
+        java.io.File file = fileOf(ident);
+        boolean onDisk = file != null && file.delete();
+        return tables.remove(ident) != null || onDisk;
     }
 
     @Override
@@ -137,11 +212,13 @@ public class RowLevelCatalog implements TableCatalog {
     static final class MemTable implements SupportsRead, SupportsWrite, SupportsRowLevelOperations {
         final String name;
         final StructType schema;
+        final java.io.File file; // null: not kept
         volatile List<InternalRow> rows = Collections.emptyList();
 
-        MemTable(String name, StructType schema) {
-            this.name = name;
+        MemTable(Identifier ident, StructType schema, java.io.File file) {
+            this.name = ident.toString();
             this.schema = schema;
+            this.file = file;
         }
 
         @Override
@@ -340,6 +417,7 @@ public class RowLevelCatalog implements TableCatalog {
                                 rows.addAll(Done.rowsOf(message));
                             }
                             table.rows = Collections.unmodifiableList(rows);
+                            persist(table);
                         }
 
                         @Override
