@@ -120,9 +120,10 @@ def overwrite_sql(target: str, source: str, columns: Sequence[str]) -> str:
 
 
 class MergeIntoWriter(TableSink):
-    """``fn(batch_df, batch_id)`` applying each table's net changes of the batch to
-    ``target.format(schema=..., table=...)``, a table of the Spark session's catalogs, with
-    Spark SQL (``merge_sql``, ``overwrite_sql``).
+    """``fn(batch_df, batch_id)`` applying each table's net changes of the batch to its
+    target, ``target_name(target, schema, table)`` (``target`` as ``lake.{schema}.{table}``),
+    a table of the Spark session's catalogs, with Spark SQL (``merge_sql``,
+    ``overwrite_sql``).
 
     ``staging``: a directory (local, or a pyarrow file system URI; ``filesystem=``) where
     each table's net changes of the batch are kept until the next batch, so that a batch
