@@ -383,6 +383,23 @@ def test_stream_reader_has_the_server_decode_each_transaction_once(db: Any) -> N
     assert 40 <= decoded <= 42, decoded  # (53 when each peek asked for a quarter more)
 
 
+def test_stream_reader_takes_a_row_limit_past_int4(db: Any) -> None:
+    """A peek's message count is an int4: a larger maxChangesPerBatch asks for all."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR ALL TABLES")
+    slot = _slot(db, "int4")
+    db.execute("INSERT INTO t SELECT generate_series(1, 5)")
+    _end(db)
+    reader = PgoutputStreamReader(SourceOptions.parse(
+        {"dsn": db.conninfo, "slot": slot, "publication": "p"}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(2**40))
+    rows = [r for part in reader.partitions(start, end) for b in reader.read(part)
+            for r in b.column("after").to_pylist()]
+    assert sorted(int(dict(r)["id"]) for r in rows) == [1, 2, 3, 4, 5]
+
+
 # --- types ----------------------------------------------------------------------------------------
 
 

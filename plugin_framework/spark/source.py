@@ -204,14 +204,24 @@ def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
     asked for again, four times as large. ``starts``: tables whose copy begins with the
     batch (start_tables)."""
     nchanges = None if limit is None or end is not None else \
-        (window or max(4 * limit, 10_000))
+        _messages(window or max(4 * limit, 10_000))
     while True:
         decoded, truncated = _peek(opts, start, end, limit, upto, nchanges,
                                    None if snapshot is None else snapshot(), starts)
         if decoded is not None:
             return decoded
         assert truncated and nchanges is not None
-        nchanges *= 4  # a transaction larger than what was asked for: ask for more
+        # a transaction larger than what was asked for: ask for more (all, past int4)
+        nchanges = None if nchanges >= _INT4_MAX else _messages(nchanges * 4)
+
+
+_INT4_MAX = 2**31 - 1
+
+
+def _messages(count: int) -> int:
+    """A peek's upto_nchanges: an int4 (a larger number would be sent as an int8, which no
+    function takes)."""
+    return max(1, min(count, _INT4_MAX))
 
 
 def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
