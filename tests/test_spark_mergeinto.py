@@ -20,6 +20,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -492,3 +493,30 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
         f"killed after batches {killed}: {len(missing)} rows missing (e.g. "
         f"{str(sorted(missing)[:1])[:200]}), {len(extra)} unexpected (e.g. "
         f"{str(sorted(extra)[:1])[:200]})")
+
+
+def test_a_target_with_wider_types_is_merged_into(spark: Any, catalog: str,
+                                                 tmp_path: Path) -> None:
+    """A target made by hand (or by a format that widens, as Iceberg keeps a smallint as an
+    int) whose columns hold every value of the table's types takes the rows; a narrower one
+    is refused. So is a template that quotes part of a part."""
+    spec = [("id", "integer", True), ("s", "smallint", False), ("r", "real", False),
+            ("n", "numeric(10,2)", False), ("a", "smallint[]", False)]
+    ns = f"{catalog}.wide_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {ns}.t (id bigint, s int, r double, n decimal(14,4), "
+              "a array<int>, _commit_lsn bigint, _lsn bigint)")
+    spark.sql(f"CREATE TABLE {ns}.narrow (id smallint, s int, r double, n decimal(14,4), "
+              "a array<int>, _commit_lsn bigint, _lsn bigint)")
+    writer = MergeIntoWriter(f"{ns}.{{table}}", str(tmp_path / "staging"))
+    row = change("t", "INSERT", spec, after={
+        "id": "1", "s": "-32768", "r": "1.5", "n": "12345678.91", "a": "{1,NULL,-2}"})
+    row["after_json"] = json.dumps(  # (as the json emitter converts: arrays as arrays)
+        {"id": 1, "s": -32768, "r": 1.5, "n": "12345678.91", "a": [1, None, -2]})
+    writer(batch(spark, [row]), 0)
+    assert [tuple(r) for r in spark.table(f"{ns}.t").select("id", "s", "r", "n", "a")
+            .collect()] == [(1, -32768, 1.5, Decimal("12345678.9100"), [1, None, -2])]
+    with pytest.raises(SchemaChangeError, match=r"of another type: id \(smallint, not int\)"):
+        writer(batch(spark, [change("narrow", "INSERT", spec, after={
+            "id": "1", "s": "1", "r": "1", "n": "1", "a": "{}"})]), 1)
+    with pytest.raises(ValueError, match="whole or not at all"):
+        MergeIntoWriter(f"{ns}.`x`{{table}}", str(tmp_path / "s2"))

@@ -93,6 +93,9 @@ def target_name(template: str, schema: str, table: str) -> str:
             continue
         if part.startswith("`") and part.endswith("`") and len(part) > 1:
             part = part[1:-1].replace("``", "`")
+        elif "`" in part:
+            raise ValueError(f"{template!r}: quote a part with {{schema}} or {{table}} whole "
+                             f"or not at all, not {part!r}")
         out.append(ident(part.format(schema=schema, table=table)))
     return ".".join(out)
 
@@ -290,7 +293,7 @@ class MergeIntoWriter(TableSink):
             return
         have = {f.name: f.dataType for f in spark.table(target).schema.fields}
         missing = [f for f in wanted if f.name not in have]
-        retyped = [f for f in wanted if f.name in have and have[f.name] != f.dataType]
+        retyped = [f for f in wanted if f.name in have and not _holds(have[f.name], f.dataType)]
         extra = sorted(set(have) - {f.name for f in wanted})
         if not (missing or retyped or extra):
             return
@@ -311,6 +314,27 @@ class MergeIntoWriter(TableSink):
             "DROP and ADD; on Delta tables, DROP and RENAME COLUMN need column mapping "
             "('delta.columnMapping.mode' = 'name'), and a type can change only where the "
             "format widens it (else mirror the table again):\n" + ";\n".join(fixes))
+
+
+def _holds(have: Any, want: Any) -> bool:
+    """Whether a target column of Spark type ``have`` holds every value of type ``want``
+    as it is: the same type, or a wider one of its kind (Iceberg keeps a smallint as an
+    int, a real may be kept as a double, a decimal with more digits on either side)."""
+    from pyspark.sql import types as T
+
+    if have == want:
+        return True
+    integers = [T.ByteType, T.ShortType, T.IntegerType, T.LongType]
+    if type(have) in integers and type(want) in integers:
+        return integers.index(type(have)) >= integers.index(type(want))
+    if isinstance(want, T.FloatType):
+        return isinstance(have, T.DoubleType)
+    if isinstance(want, T.DecimalType) and isinstance(have, T.DecimalType):
+        return (have.scale >= want.scale
+                and have.precision - have.scale >= want.precision - want.scale)
+    if isinstance(want, T.ArrayType) and isinstance(have, T.ArrayType):
+        return _holds(have.elementType, want.elementType)
+    return False
 
 
 def _spark_schema(info: TableInfo) -> Any:

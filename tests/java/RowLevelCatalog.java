@@ -84,9 +84,15 @@ public class RowLevelCatalog implements TableCatalog {
         if (dir == null) {
             return null;
         }
-        String id = String.join(".", ident.namespace()) + "." + ident.name();
-        return new java.io.File(dir, java.net.URLEncoder.encode(id,
-                java.nio.charset.StandardCharsets.UTF_8) + ".table");
+        // each part encoded, joined by "~", which URLEncoder always encodes
+        List<String> parts = new ArrayList<>(java.util.Arrays.asList(ident.namespace()));
+        parts.add(ident.name());
+        StringBuilder id = new StringBuilder();
+        for (String part : parts) {
+            id.append(id.length() == 0 ? "" : "~").append(
+                    java.net.URLEncoder.encode(part, java.nio.charset.StandardCharsets.UTF_8));
+        }
+        return new java.io.File(dir, id + ".table");
     }
 
     /** The table's schema and rows, to its file (if tables are kept). */
