@@ -21,7 +21,6 @@ TABLE statements the target needs).
 from __future__ import annotations
 
 import logging
-import math
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from plugin_framework.spark.sinks import (
     net_of,
     no_fills,
 )
-from plugin_framework.spark.tables import TableInfo, spark_type
+from plugin_framework.spark.tables import TableInfo, column, ident, spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -54,11 +53,6 @@ DELETED = "_deleted"  # the staged rows' flag: the key goes
 EXTRA = ("_commit_lsn", "_lsn")  # the columns the target has after the table's own
 _STAGED_META = b"pgdecode.staged"
 _OVERWRITE_MODE = "spark.sql.sources.partitionOverwriteMode"
-
-
-def ident(name: str) -> str:
-    """A column name as a Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _parts(template: str) -> list[str]:
@@ -365,7 +359,7 @@ def _target_rows(spark: Any, target: str, info: TableInfo, changes: pa.Table,
     origins = origins.filter(pc.invert(pc.is_null(origins.column(0))))
     wanted = spark.createDataFrame(origins, T.StructType(
         [T.StructField(f"_k{i}", spark_type(types[k])) for i, k in enumerate(keys)]))
-    rows = spark.table(target).select(*[F.col(ident(c)) for c in [*keys, *filled]])
+    rows = spark.table(target).select(*[column(c) for c in [*keys, *filled]])
     match = None
     for i, k in enumerate(keys):
         same = rows[ident(k)].eqNullSafe(wanted[f"_k{i}"])
@@ -382,12 +376,9 @@ def _one_row_per_key(staged: pa.Table, keys: Sequence[str]) -> pa.Table:
     if not any(pa.types.is_floating(staged.schema.field(k).type) for k in keys):
         return staged
 
-    def sql_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(("NaN" if math.isnan(v) else v + 0.0) if isinstance(v, float) else v
-                     for v in key)
-
+    # (key_tuples gives every NaN as one value; -0.0 equals 0.0 and hashes alike)
     deleted = staged.column(DELETED).to_pylist()
-    tuples = [sql_key(key) for key in key_tuples(staged, keys)]
+    tuples = key_tuples(staged, keys)
     put = {key for key, gone in zip(tuples, deleted, strict=True) if not gone}
     keep = [not (gone and key in put) for key, gone in zip(tuples, deleted, strict=True)]
     return staged.filter(pa.array(keep, pa.bool_()))

@@ -50,11 +50,16 @@ META_COLUMNS = ("_op", "_lsn", "_commit_lsn", "_seq", "_xid", "_commit_time", "_
                 "_unchanged_toast")
 
 
+def ident(name: str) -> str:
+    """A name as one Spark SQL identifier (dots, backticks and all)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def column(name: str) -> Any:
     """``F.col`` of a column named ``name`` exactly (dots, backticks and all)."""
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(ident(name))
 
 
 def _scalar(name: str) -> Any:
