@@ -620,14 +620,9 @@ def test_dates_and_timestamps_before_year_1_keep_their_value(db: Any, spark: Any
     assert got == {k: (*v[:3], None if v[3] is None else list(v[3])) for k, v in expected.items()}
 
 
-@pytest.mark.parametrize("setting", [None, "10MB"], ids=["unset", "set"])
-def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
-        spark: Any, tmp_path: Path, setting: str | None) -> None:
-    """A batch's DataFrame is not converted to rows in the driver when it is made (Spark
-    would, under spark.sql.execution.arrow.localRelationThreshold: a LocalRelation): it
-    stays Arrow until a job reads it, with the same rows. The session's own setting of that
-    threshold is what it was before the batch."""
-    import pyarrow as pa
+def _feed_inserts(plugin: Any, transactions: list[range]) -> None:
+    """Run ``plugin`` over hand-made transactions of inserts into public.t (id int4, the
+    key), one transaction per range of ids, then shut it down."""
     from native import WHEN
 
     from plugin_framework import Pipeline
@@ -640,6 +635,31 @@ def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
         TupleData,
         encode,
     )
+
+    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
+    messages = [encode(relation)]
+    for n, ids in enumerate(transactions):
+        end = LSN(0x3000000 + 0x1000 * n)
+        messages += [encode(Begin(end, WHEN, 900 + n)),
+                     *(encode(Insert(16400, TupleData(b"t", (str(i).encode(),)))) for i in ids),
+                     encode(Commit(end, LSN(end + 0x100), WHEN))]
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(plugin, output=plugin.make_output())
+    pipeline.startup()
+    for i, data in enumerate(messages):
+        pipeline.feed(data, LSN(0x2000000 + i))
+    pipeline.shutdown()
+
+
+@pytest.mark.parametrize("setting", [None, "10MB"], ids=["unset", "set"])
+def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
+        spark: Any, tmp_path: Path, setting: str | None) -> None:
+    """A batch's DataFrame is not converted to rows in the driver when it is made (Spark
+    would, under spark.sql.execution.arrow.localRelationThreshold: a LocalRelation): it
+    stays Arrow until a job reads it, with the same rows. The session's own setting of that
+    threshold is what it was before the batch."""
+    import pyarrow as pa
+
     from plugin_framework.spark import ForeachBatchPlugin
 
     key = "spark.sql.execution.arrow.localRelationThreshold"
@@ -651,20 +671,10 @@ def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
         plan = df._jdf.queryExecution().analyzed().getClass().getSimpleName()
         seen.append((plan, sorted(r.after["id"] for r in df.collect())))
 
-    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
-    end = LSN(0x3000000)
-    messages = [encode(relation), encode(Begin(end, WHEN, 900)),
-                *(encode(Insert(16400, TupleData(b"t", (str(i).encode(),)))) for i in range(3)),
-                encode(Commit(end, LSN(end + 0x100), WHEN))]
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
                                 max_rows=3)
-    pipeline = Pipeline(proto_version=1)
-    pipeline.add(plugin, output=plugin.make_output())
-    pipeline.startup()
     try:
-        for i, data in enumerate(messages):
-            pipeline.feed(data, LSN(0x2000000 + i))
-        pipeline.shutdown()
+        _feed_inserts(plugin, [range(3)])
         assert seen == [("LogicalRDD", ["0", "1", "2"])]
         assert spark.conf.get(key, None) == setting
         # the session's own DataFrames from Arrow data are made as it says
@@ -673,6 +683,42 @@ def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
         assert kind == "LocalRelation"
     finally:
         spark.conf.unset(key)
+
+
+def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
+        spark: Any, tmp_path: Path) -> None:
+    """The sinks read the driver's Arrow table, so a batch's DataFrame that only they get
+    never goes to the JVM; its schema is known without it. Read by ``fn``, then or after
+    the batch, it holds the batch's rows, as a DataFrame made at once from them does."""
+    from pyspark.sql import DataFrame
+
+    from plugin_framework.spark import ForeachBatchPlugin
+    from plugin_framework.spark.changes import local_rows
+
+    kept: list[Any] = []
+    made_by_sinks: list[bool] = []
+
+    def fn(df: Any, batch_id: int) -> None:
+        made_by_sinks.append(df.made)
+        assert isinstance(df, DataFrame)
+        assert df.schema == change_schema() and df.columns == change_schema().names
+        assert not df.made  # the schema needed no JVM
+        if batch_id == 0:
+            eager = spark.createDataFrame(local_rows(df), change_schema())
+            assert sorted(df.collect()) == sorted(eager.collect())
+            assert df.made
+        kept.append(df)
+
+    state = str(tmp_path / "state")
+    plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
+                                max_rows=3, sinks=[TableStateWriter(state)])
+    _feed_inserts(plugin, [range(3), range(3, 6)])
+    assert made_by_sinks == [False, False]
+    assert sorted(r.id for r in read_state(spark, state, "public.t").collect()) == list(range(6))
+    # read after its batch: the second frame is made now, from its own rows
+    assert [kept[1].made, kept[0].made] == [False, True]
+    ids = sorted(int(r.after["id"]) for r in kept[1].union(kept[0]).collect())
+    assert ids == list(range(6))
 
 
 @pytest.mark.parametrize("way", ["source", "emitter"])

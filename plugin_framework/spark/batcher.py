@@ -229,24 +229,31 @@ class ForeachBatchPlugin(OutputPlugin):
                  pending.batch_id, pending.rows)
 
     def _frame(self, table: Any) -> Any:
-        """The batch's DataFrame, which remembers the rows it was made of (local_rows).
+        """The batch's DataFrame, which remembers the rows it was made of (local_rows), and
+        is made in the JVM only when something reads it (lazyframe.py): the sinks read the
+        driver's Arrow table instead.
 
         Spark keeps a DataFrame made from Arrow data under the session's
         localRelationThreshold (48 MB) as a LocalRelation: every row converted in the driver,
         at once, whether ``fn`` reads them or not, which took most of a no-op batch's time.
         With the threshold at 0 for this call, the batch stays Arrow until a job reads it
-        (the same rows: only when they are converted differs; the sinks mostly read the
-        driver's Arrow table instead). The session's own setting is back after the call."""
-        conf = self.spark.conf
-        before = conf.get(_LOCAL_RELATION, None)
-        conf.set(_LOCAL_RELATION, "0")
-        try:
-            df = self.spark.createDataFrame(table, self._schema)
-        finally:
-            if before is None:
-                conf.unset(_LOCAL_RELATION)
-            else:
-                conf.set(_LOCAL_RELATION, before)
+        (the same rows: only when they are converted differs). The session's own setting is
+        back after the call."""
+        from plugin_framework.spark.lazyframe import frame  # (imports pyspark)
+
+        def make() -> Any:
+            conf = self.spark.conf
+            before = conf.get(_LOCAL_RELATION, None)
+            conf.set(_LOCAL_RELATION, "0")
+            try:
+                return self.spark.createDataFrame(table, self._schema)
+            finally:
+                if before is None:
+                    conf.unset(_LOCAL_RELATION)
+                else:
+                    conf.set(_LOCAL_RELATION, before)
+
+        df = frame(self.spark, make, self._schema)
         remember_rows(df, table)
         return df
 

@@ -1,0 +1,53 @@
+"""A batch's DataFrame that is made in the JVM only when something reads it.
+
+``spark.createDataFrame(table)`` writes the whole Arrow table to a temporary file that the
+JVM then reads: on batches of TOAST-heavy rows, more time than decoding them. The sinks
+never need it (they read the driver's Arrow table, ``changes.local_rows``), and a
+``foreachBatch`` function may not either. So the emitter hands over a ``LazyFrame``: a
+real classic DataFrame (``isinstance`` holds, every method works) whose JVM side,
+``_jdf``, every pyspark method reaches it through, is made from the table the first time
+one asks for it. Its ``schema`` is known without the JVM.
+
+Under Spark Connect a DataFrame has no JVM side and is lazy already: ``frame`` makes a
+plain one there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+
+class LazyFrame(ClassicFrame):
+    """A DataFrame whose JVM side is ``make()._jdf``, made at the first use."""
+
+    def __init__(self, make: Callable[[], Any], session: Any, schema: Any) -> None:
+        self._make = make
+        super().__init__(None, session)  # sets _jdf to None: not made yet
+        self.__dict__["schema"] = schema  # DataFrame.schema is a cached_property
+
+    @property
+    def _jdf(self) -> Any:
+        made = self.__dict__.get("_made")
+        if made is None:
+            made = self.__dict__["_made"] = self._make()._jdf
+        return made
+
+    @_jdf.setter
+    def _jdf(self, value: Any) -> None:
+        self.__dict__["_made"] = value
+
+    @property
+    def made(self) -> bool:
+        """Whether the JVM side exists (a job or a method has needed it)."""
+        return self.__dict__.get("_made") is not None
+
+
+def frame(spark: Any, make: Callable[[], Any], schema: Any) -> Any:
+    """``make()``'s DataFrame, made when first used where the session has a JVM
+    (classic); made now under Spark Connect."""
+    if getattr(spark, "_jsparkSession", None) is None:
+        return make()
+    return LazyFrame(make, spark, schema)
