@@ -14,10 +14,11 @@ their LSNs) through pg_logical_slot_peek_binary_changes, then times, best of --r
 fed with every message, from the first message to the end of shutdown (everything delivered):
 
 - json: the json emitter writing to a temporary file (FileOutput, fsynced at the end);
-- spark noop / count: the spark emitter with max-rows = each --batch-rows (and its default
-  max-bytes, 64 MB: the TOAST-heavy workload's batches are smaller), creating each
-  batch's DataFrame (Arrow, into the JVM) and calling ``fn``: one that does nothing, one that
-  runs ``df.count()`` (a Spark job per batch);
+- spark noop / to-jvm / count: the spark emitter with max-rows = each --batch-rows (and its
+  default max-bytes, 64 MB: the TOAST-heavy workload's batches are smaller), calling ``fn``
+  with each batch's DataFrame, which goes from Arrow into the JVM only when something needs
+  it: ``fn`` does nothing (the batch never goes to the JVM), reads ``df.isStreaming`` (the
+  batch goes to the JVM; no job), or runs ``df.count()`` (a Spark job per batch);
 - spark parquet (with --parquet): ``fn`` = ChangeLogWriter, the change log appended to
   Parquet;
 - mirror parquet / delta / history (with --mirror): ``fn`` = TableStateWriter (each batch
@@ -385,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for size in sizes:
             best(f"spark noop  {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
                 frames, proto, work, spark, s, lambda df, i: None))
+            best(f"spark to-jvm {size:>6,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: df.isStreaming))
             best(f"spark count {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
                 frames, proto, work, spark, s, lambda df, i: df.count()))
             if args.parquet:
