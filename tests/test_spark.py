@@ -708,6 +708,7 @@ def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
             assert sorted(df.collect()) == sorted(eager.collect())
             assert df.made
         kept.append(df)
+        df.schema.add("mine", "string")  # a caller's change to its own frame's schema
 
     state = str(tmp_path / "state")
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
@@ -719,6 +720,37 @@ def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
     assert [kept[1].made, kept[0].made] == [False, True]
     ids = sorted(int(r.after["id"]) for r in kept[1].union(kept[0]).collect())
     assert ids == list(range(6))
+
+
+def test_a_lazy_frame_is_made_once_whichever_threads_read_it(spark: Any) -> None:
+    """Two threads reading a batch's frame at once make it in the JVM once, and both read
+    that one; a failure to make it says so (not pyspark's "no attribute _jdf")."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    from plugin_framework.spark.lazyframe import LazyFrame
+
+    table = pa.table({"x": list(range(5))})
+    schema = spark.createDataFrame(table).schema
+    made = []
+
+    def make() -> Any:
+        made.append(1)
+        time.sleep(0.3)  # the other thread comes in meanwhile
+        return spark.createDataFrame(table)
+
+    df = LazyFrame(make, spark, schema)
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(lambda _: df.filter("x > 1").count(), range(2)))
+    assert counts == [3, 3] and len(made) == 1
+
+    def broken() -> Any:
+        return None  # None._jdf: an AttributeError inside the making
+
+    with pytest.raises(RuntimeError, match="the batch's DataFrame was not made"):
+        LazyFrame(broken, spark, schema).count()
 
 
 @pytest.mark.parametrize("way", ["source", "emitter"])

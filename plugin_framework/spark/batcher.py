@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -242,16 +243,18 @@ class ForeachBatchPlugin(OutputPlugin):
         from plugin_framework.spark.lazyframe import frame  # (imports pyspark)
 
         def make() -> Any:
-            conf = self.spark.conf
-            before = conf.get(_LOCAL_RELATION, None)
-            conf.set(_LOCAL_RELATION, "0")
-            try:
-                return self.spark.createDataFrame(table, self._schema)
-            finally:
-                if before is None:
-                    conf.unset(_LOCAL_RELATION)
-                else:
-                    conf.set(_LOCAL_RELATION, before)
+            # fn's threads may make two batches' frames at once: one setting at a time
+            with _SETTING:
+                conf = self.spark.conf
+                before = conf.get(_LOCAL_RELATION, None)
+                conf.set(_LOCAL_RELATION, "0")
+                try:
+                    return self.spark.createDataFrame(table, self._schema)
+                finally:
+                    if before is None:
+                        conf.unset(_LOCAL_RELATION)
+                    else:
+                        conf.set(_LOCAL_RELATION, before)
 
         df = frame(self.spark, make, self._schema)
         remember_rows(df, table)
@@ -483,6 +486,7 @@ class ForeachBatchPlugin(OutputPlugin):
 
 
 _LOCAL_RELATION: Final = "spark.sql.execution.arrow.localRelationThreshold"
+_SETTING = threading.Lock()  # held while a batch's frame is made with that setting at 0
 
 
 def _session() -> Any:

@@ -6,7 +6,7 @@ never need it (they read the driver's Arrow table, ``changes.local_rows``), and 
 ``foreachBatch`` function may not either. So the emitter hands over a ``LazyFrame``: a
 real classic DataFrame (``isinstance`` holds, every method works) whose JVM side,
 ``_jdf``, every pyspark method reaches it through, is made from the table the first time
-one asks for it. Its ``schema`` is known without the JVM.
+one asks for it, once, whichever thread asks. Its ``schema`` is known without the JVM.
 
 Under Spark Connect a DataFrame has no JVM side and is lazy already: ``frame`` makes a
 plain one there.
@@ -14,6 +14,8 @@ plain one there.
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,14 +27,25 @@ class LazyFrame(ClassicFrame):
 
     def __init__(self, make: Callable[[], Any], session: Any, schema: Any) -> None:
         self._make = make
+        self._making = threading.Lock()
         super().__init__(None, session)  # sets _jdf to None: not made yet
-        self.__dict__["schema"] = schema  # DataFrame.schema is a cached_property
+        # DataFrame.schema is a cached_property, which a caller may change in place
+        # (StructType.add): each frame has its own, as a made one's is parsed from the JVM
+        self.__dict__["schema"] = copy.deepcopy(schema)
 
     @property
     def _jdf(self) -> Any:
         made = self.__dict__.get("_made")
         if made is None:
-            made = self.__dict__["_made"] = self._make()._jdf
+            with self._making:
+                made = self.__dict__.get("_made")
+                if made is None:
+                    try:
+                        made = self.__dict__["_made"] = self._make()._jdf
+                    except AttributeError as e:
+                        # which Python would take for "no attribute _jdf" and hand to
+                        # DataFrame.__getattr__, hiding the cause
+                        raise RuntimeError(f"the batch's DataFrame was not made: {e}") from e
         return made
 
     @_jdf.setter
