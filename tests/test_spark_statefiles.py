@@ -493,3 +493,49 @@ def test_an_unknown_unchanged_toast_value_is_said_so_in_a_batch_that_alters_the_
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and messages[0].startswith(
         "public.t: 1 row(s) of this batch left TOAST values unchanged (big)"), messages
+
+
+@pytest.mark.parametrize("sink", ["state", "delta", "history"])
+@pytest.mark.parametrize(("column", "held", "new_type", "converts"), [
+    ("v", "a", "integer", False),  # not a number: Spark's ANSI cast would raise its own error
+    ("n", "1.50", "integer", False),  # Spark truncates to 1 where PostgreSQL rounds to 2
+    ("v", "012", "integer", False),  # 12, but not the value back: PostgreSQL's parse is not Spark's
+    ("v", "12", "integer", True),
+    ("n", "3.00", "bigint", True),
+])
+def test_a_retyped_column_is_converted_only_where_the_value_comes_back(
+        sink: str, column: str, held: str, new_type: str, converts: bool, spark: Any,
+        tmp_path: Path) -> None:
+    """ALTER COLUMN ... TYPE rewrites the source table, and logical decoding sends none of
+    the rewritten rows: the sinks convert the rows they hold themselves. They do so where
+    Spark's cast of each value converts back to it; anything else is refused, naming the
+    table, the column and a value, never a NULL or another number."""
+    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+    from plugin_framework.spark.history import HistoryWriter
+    from plugin_framework.spark.schemas import SchemaChangeError
+
+    writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
+              "history": HistoryWriter}[sink](str(tmp_path))
+    values = {"id": 1, "v": "x", "big": "B1", "n": "1.00", column: held}
+    first = [change("INSERT", 0, 1000, after=values)]
+    writer.apply(spark, first, rows_info("public", "t", first), 0)
+    altered = [change("INSERT", 0, 2000, after={"id": 2, "v": "7", "big": "B2", "n": "4"})]
+    altered[0]["columns"] = [{**c, "type": new_type} if c["name"] == column else c
+                             for c in COLUMNS]
+    if not converts:
+        with pytest.raises(SchemaChangeError) as raised:
+            writer.apply(spark, altered, rows_info("public", "t", altered), 1)
+        assert f"public.t: column {column} is now" in str(raised.value)
+        assert repr(held) in str(raised.value) or str(held) in str(raised.value)
+        return
+    writer.apply(spark, altered, rows_info("public", "t", altered), 1)
+    if sink == "state":
+        files = StateFiles.at(str(tmp_path), TABLE)
+        manifest_ = files.recover()
+        assert manifest_ is not None
+        rows = files.read(list(manifest_.files)).to_pylist()
+    else:
+        rows = [r for r in read_delta(str(tmp_path), TABLE).to_pyarrow_table().to_pylist()
+                if sink == "delta" or r["_is_current"]]
+    got = {r["id"]: r[column] for r in rows}
+    assert got == {1: int(held.split(".")[0]), 2: int({"v": "7", "n": "4"}[column])}

@@ -411,16 +411,35 @@ def conform(existing: Any, info: TableInfo, renamed: dict[str, str | None] | Non
 
 
 def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> Any:
-    """An existing column under its new name and type; refused if a value does not cast."""
+    """An existing column under its new name and type.
+
+    ALTER COLUMN ... TYPE rewrites the source table without decoding a row of it, so the
+    mirror converts the values it holds itself: with Spark's cast, taken only where each
+    value casts back to itself. Elsewhere PostgreSQL's conversion may give another value
+    (it rounds the numerics that Spark truncates, and parses text its own way), so such a
+    change is refused, naming a value; so is one Spark has no cast for."""
+    from pyspark.errors import AnalysisException
+
     source = existing.schema[old].dataType
-    if source != dtype:
-        bad = existing.filter(column(old).isNotNull() & column(old).cast(dtype).isNull()).count()
-        if bad:
-            raise SchemaChangeError(
-                f"{table}: column {new} is now of Spark type {dtype.simpleString()}, and {bad} "
-                f"value(s) of the mirror's {source.simpleString()} column {old} do not cast "
-                "to it: rebuild the mirror of this table (a new snapshot)")
-    return column(old).cast(dtype).alias(new)
+    value = column(old)
+    if source == dtype:
+        return value.alias(new)
+    try:
+        back = value.try_cast(dtype).try_cast(source)
+        lost = existing.filter(value.isNotNull() & ~back.eqNullSafe(value))
+        found = lost.select(value).limit(1).collect()
+    except AnalysisException as e:
+        raise SchemaChangeError(
+            f"{table}: column {new} is now of Spark type {dtype.simpleString()}, which Spark "
+            f"has no cast to from the mirror's {source.simpleString()} column {old}: "
+            "rebuild the mirror of this table (a new snapshot)") from e
+    if found:
+        raise SchemaChangeError(
+            f"{table}: column {new} is now of Spark type {dtype.simpleString()}, and the "
+            f"mirror's {source.simpleString()} column {old} holds values that do not convert "
+            f"to it and back, such as {found[0][0]!r} (PostgreSQL's conversion may differ "
+            "from Spark's there): rebuild the mirror of this table (a new snapshot)")
+    return value.cast(dtype).alias(new)
 
 
 def batch_rows(df: Any) -> dict[tuple[str, str], TableRows]:
