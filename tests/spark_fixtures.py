@@ -150,25 +150,58 @@ def _norm(value: Any) -> Any:
 
 def table_rows(db: Any, table: str) -> Counter[tuple[Any, ...]]:
     """The table as SELECT shows it, equal rows counted: text for json and for numeric
-    without a precision (Spark holds it as a string, every digit kept: docs/spark.md), the
-    rest in psycopg's Python types, timestamptz in UTC."""
+    without a precision (Spark holds it as a string, every digit kept: docs/spark.md),
+    dates as days and timestamps as microseconds from 1970 (``epoch_numbers``), infinite
+    ones NULL (the documented policy), the rest in psycopg's Python types."""
     cols = [r[0] for r in db.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum", (table,))]
     types = dict(db.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
-    select = ", ".join(f"{c}::text" if types[c] in ("jsonb", "json", "numeric") else c
-                       for c in cols)
+
+    def value(column: str) -> str:
+        kind = types[column]
+        if kind in ("jsonb", "json", "numeric"):
+            return f"{column}::text"
+        if kind.startswith("timestamp"):
+            return (f"CASE WHEN isfinite({column}) "
+                    f"THEN (extract(epoch FROM {column}) * 1000000)::bigint END")
+        if kind == "date":
+            return f"CASE WHEN isfinite({column}) THEN {column} - date '1970-01-01' END"
+        return column
+
+    select = ", ".join(value(c) for c in cols)
     return Counter(tuple(_norm(v) for v in row)
                    for row in db.execute(f"SELECT {select} FROM {table}"))
+
+
+def epoch_numbers(table: Any) -> Any:
+    """An Arrow table with its dates as days and its timestamps as microseconds from 1970,
+    as ``table_rows`` gives them: Python's datetime has no year before 1, which PostgreSQL
+    and Spark both have."""
+    import pyarrow as pa
+
+    columns = []
+    for column in table.columns:
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64())
+        elif pa.types.is_date32(column.type):
+            column = column.cast(pa.int32())
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def arrow_rows(table: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    """``columns`` of each row of an Arrow table, as ``table_rows`` gives them."""
+    data = epoch_numbers(table.select(columns)).to_pylist()
+    return [tuple(_norm(row[c]) for c in columns) for row in data]
 
 
 def state_rows(spark: Any, path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
     from plugin_framework.spark import read_state
 
-    df = read_state(spark, path, table).select(*columns)
-    return [tuple(_norm(v) for v in row) for row in df.collect()]
+    return arrow_rows(read_state(spark, path, table).select(*columns).toArrow(), columns)
 
 
 def table_columns(db: Any, table: str) -> list[str]:
@@ -182,10 +215,12 @@ def delta_rows(path: str, table: str, columns: list[str],
     """``DeltaTableWriter``'s state of a table (``history``: the current versions of
     ``HistoryWriter``'s), as deltalake reads it (no Spark)."""
     from plugin_framework.spark import read_delta
+    from plugin_framework.spark.delta import delta_arrow
 
-    data = read_delta(path, table).to_pyarrow_table().to_pylist()
-    return [tuple(_norm(row[c]) for c in columns) for row in data
-            if not history or row["_is_current"]]
+    data = delta_arrow(read_delta(path, table))
+    if history:
+        data = data.filter(data.column("_is_current"))
+    return arrow_rows(data, columns)
 
 
 def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = False,

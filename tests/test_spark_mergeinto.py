@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import _norm, spark_session, table_rows  # noqa: F401
+from spark_fixtures import arrow_rows, spark_session, table_columns, table_rows  # noqa: F401
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
@@ -67,7 +67,7 @@ def row_level_catalog(spark: Any, rowlevel_jar: Path) -> Iterator[str]:
 
 
 def target_rows(spark: Any, target: str, columns: list[str]) -> Counter[tuple[Any, ...]]:
-    return Counter(tuple(_norm(r[c]) for c in columns) for r in spark.table(target).collect())
+    return Counter(arrow_rows(spark.table(target).select(*columns).toArrow(), columns))
 
 
 def test_merge_into_gives_the_table_for_batches_applied_twice(db: Any, spark: Any, catalog: str,
@@ -89,7 +89,7 @@ def test_merge_into_gives_the_table_for_batches_applied_twice(db: Any, spark: An
     assert made.prepared and made.rolled_back and made.large, vars(made)
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     db.execute("SELECT pg_switch_wal()")
-    columns = ["id", "v", "big", "note"]
+    columns = table_columns(db, "public.m_pk")
     namespace = f"{catalog}.s{uuid.uuid4().hex[:8]}_"  # (the catalog lives as long as Spark)
     expected = table_rows(db, "public.m_pk")
     for size in sizes:
@@ -486,7 +486,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     kept = f"{CATALOG}_{uuid.uuid4().hex[:8]}"
     spark.conf.set(f"spark.sql.catalog.{kept}", CATALOG_CLASS)
     spark.conf.set(f"spark.sql.catalog.{kept}.path", str(tmp_path / "tables"))
-    got = target_rows(spark, f"{kept}.mirror.m_pk", ["id", "v", "big", "note"])
+    got = target_rows(spark, f"{kept}.mirror.m_pk", table_columns(db, "public.m_pk"))
     expected = table_rows(db, "public.m_pk")
     missing, extra = expected - got, got - expected
     assert not missing and not extra, (

@@ -57,8 +57,8 @@ from plugin_framework.spark.tables import TableInfo
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "keys_match", "quote",
-           "read_delta", "utc_table"]
+__all__ = ["APP_ID", "DeltaSink", "DeltaTableWriter", "Pending", "delta_arrow", "delta_dataset",
+           "keys_match", "quote", "read_delta", "utc_table"]
 
 APP_ID = "pgdecode"
 _DESCRIPTION = "pgdecode.description"
@@ -73,6 +73,32 @@ def read_delta(path: str, table: str, storage_options: dict[str, str] | None = N
     from deltalake import DeltaTable
 
     return DeltaTable(state_path(path, table), storage_options=storage_options)
+
+
+def delta_dataset(table: Any) -> Any:
+    """The rows of ``deltalake.DeltaTable`` ``table`` as a ``pyarrow.dataset.Dataset``:
+    ``table.to_pyarrow_dataset()``, which skips files by their statistics. deltalake's
+    Python cannot parse a statistic of a date or timestamp before year 1 (it fails on
+    ``'-0001-01-01'``), which a mirror may hold; such a table is read whole, by deltalake's
+    own query engine (``QueryBuilder``), into memory."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import QueryBuilder
+
+    try:
+        return table.to_pyarrow_dataset()
+    except ValueError as e:
+        try:
+            rows = QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()
+            return ds.dataset(pa.table(rows).cast(pa.schema(table.schema().to_arrow())))
+        except Exception:
+            raise e from None
+
+
+def delta_arrow(table: Any) -> pa.Table:
+    """Every row of ``deltalake.DeltaTable`` ``table``, as ``table.to_pyarrow_table()``
+    gives them where it can (``delta_dataset``)."""
+    return delta_dataset(table).to_table()
 
 
 @dataclass
@@ -166,7 +192,7 @@ class DeltaTableWriter(DeltaSink):
                                                               info), info))
             return
         if pending.redescribed:
-            existing = spark.createDataFrame(table.to_pyarrow_table())
+            existing = spark.createDataFrame(delta_arrow(table))
             self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
             return
         changes = net_arrow(spark, net, info)
@@ -268,7 +294,7 @@ def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo
     import pyarrow.dataset as ds
 
     first = key_names(info)[0]
-    dataset = table.to_pyarrow_dataset()
+    dataset = delta_dataset(table)
     if isinstance(origins, pa.ChunkedArray):
         origins = origins.combine_chunks()
     wanted = _utc_array(origins)

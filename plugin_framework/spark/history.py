@@ -36,6 +36,7 @@ from plugin_framework.spark.arrowtyped import Decline, typed_arrays, typed_rows
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
+    delta_arrow,
     fill_arrow,
     keys_match,
     quote,
@@ -312,7 +313,7 @@ class HistoryWriter(DeltaSink):
         from pyspark.sql import functions as F
 
         assert pending.table is not None
-        existing = spark.createDataFrame(pending.table.to_pyarrow_table())
+        existing = spark.createDataFrame(delta_arrow(pending.table))
         base = conform(existing, info, pending.renamed, versions.schema, VERSION_COLUMNS)
         if counted(info):  # equal versions: ended in Arrow, as the MERGE's are
             import pyarrow as pa
