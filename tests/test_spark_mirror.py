@@ -282,7 +282,8 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
         "count(*) FILTER (WHERE at < '0001-01-01 00:00+00'), "
         "count(*) FILTER (WHERE day < '0001-01-01'), count(*) FILTER (WHERE NOT isfinite(day)), "
         "count(*) FILTER (WHERE array_position(tags, NULL) IS NOT NULL), "
-        "count(*) FILTER (WHERE amount < 0), count(*) FILTER (WHERE doc -> 'a' IS NOT NULL) FROM m_pk")[0]
+        "count(*) FILTER (WHERE amount < 0), count(*) FILTER (WHERE doc -> 'a' IS NOT NULL) "
+        "FROM m_pk")[0]
     assert all(hard), hard
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
     db.execute("SELECT pg_switch_wal()")
