@@ -196,7 +196,9 @@ class SparkEmitter(ForeachBatchPlugin):
             if active is not None:
                 self.spark = active
             else:
-                builder = SparkSession.builder.appName(opts["app-name"])
+                # pgdecode's status line says how batches go: not Spark's progress bar
+                builder = SparkSession.builder.appName(opts["app-name"]).config(
+                    "spark.ui.showConsoleProgress", "false")
                 if opts["master"] is not None:
                     builder = builder.master(opts["master"])
                 for key, value in opts["spark-conf"].items():

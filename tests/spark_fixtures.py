@@ -413,3 +413,34 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def feed_inserts(plugin: Any, transactions: list[range]) -> None:
+    """Run ``plugin`` over hand-made transactions of inserts into public.t (id int4, the
+    key), one transaction per range of ids, then shut it down."""
+    from native import WHEN
+
+    from plugin_framework import LSN, Pipeline
+    from plugin_framework.protocol import (
+        Begin,
+        Commit,
+        Insert,
+        RelationColumn,
+        RelationMessage,
+        TupleData,
+        encode,
+    )
+
+    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
+    messages = [encode(relation)]
+    for n, ids in enumerate(transactions):
+        end = LSN(0x3000000 + 0x1000 * n)
+        messages += [encode(Begin(end, WHEN, 900 + n)),
+                     *(encode(Insert(16400, TupleData(b"t", (str(i).encode(),)))) for i in ids),
+                     encode(Commit(end, LSN(end + 0x100), WHEN))]
+    pipeline = Pipeline(proto_version=1)
+    pipeline.add(plugin, output=plugin.make_output())
+    pipeline.startup()
+    for i, data in enumerate(messages):
+        pipeline.feed(data, LSN(0x2000000 + i))
+    pipeline.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 from parity_workload import run_parity_workload, setup_parity
-from spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
+from spark_fixtures import feed_inserts, spark_session  # noqa: F401  (the fixture "spark")
 from streamkit import free_port, scrape, wait_for
 from workload import STREAM_ROWS, create_schema, run_workload
 
@@ -620,37 +621,6 @@ def test_dates_and_timestamps_before_year_1_keep_their_value(db: Any, spark: Any
     assert got == {k: (*v[:3], None if v[3] is None else list(v[3])) for k, v in expected.items()}
 
 
-def _feed_inserts(plugin: Any, transactions: list[range]) -> None:
-    """Run ``plugin`` over hand-made transactions of inserts into public.t (id int4, the
-    key), one transaction per range of ids, then shut it down."""
-    from native import WHEN
-
-    from plugin_framework import Pipeline
-    from plugin_framework.protocol import (
-        Begin,
-        Commit,
-        Insert,
-        RelationColumn,
-        RelationMessage,
-        TupleData,
-        encode,
-    )
-
-    relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
-    messages = [encode(relation)]
-    for n, ids in enumerate(transactions):
-        end = LSN(0x3000000 + 0x1000 * n)
-        messages += [encode(Begin(end, WHEN, 900 + n)),
-                     *(encode(Insert(16400, TupleData(b"t", (str(i).encode(),)))) for i in ids),
-                     encode(Commit(end, LSN(end + 0x100), WHEN))]
-    pipeline = Pipeline(proto_version=1)
-    pipeline.add(plugin, output=plugin.make_output())
-    pipeline.startup()
-    for i, data in enumerate(messages):
-        pipeline.feed(data, LSN(0x2000000 + i))
-    pipeline.shutdown()
-
-
 @pytest.mark.parametrize("setting", [None, "10MB"], ids=["unset", "set"])
 def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
         spark: Any, tmp_path: Path, setting: str | None) -> None:
@@ -674,7 +644,7 @@ def test_batch_frames_stay_arrow_and_leave_the_session_conf_as_it_was(
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
                                 max_rows=3)
     try:
-        _feed_inserts(plugin, [range(3)])
+        feed_inserts(plugin, [range(3)])
         assert seen == [("LogicalRDD", ["0", "1", "2"])]
         assert spark.conf.get(key, None) == setting
         # the session's own DataFrames from Arrow data are made as it says
@@ -713,13 +683,48 @@ def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
     state = str(tmp_path / "state")
     plugin = ForeachBatchPlugin(fn, spark=spark, checkpoint=str(tmp_path / "checkpoint"),
                                 max_rows=3, sinks=[TableStateWriter(state)])
-    _feed_inserts(plugin, [range(3), range(3, 6)])
+    feed_inserts(plugin, [range(3), range(3, 6)])
     assert made_by_sinks == [False, False]
     assert sorted(r.id for r in read_state(spark, state, "public.t").collect()) == list(range(6))
     # read after its batch: the second frame is made now, from its own rows
     assert [kept[1].made, kept[0].made] == [False, True]
     ids = sorted(int(r.after["id"]) for r in kept[1].union(kept[0]).collect())
     assert ids == list(range(6))
+
+
+def test_batches_read_by_fn_leave_spark_quiet_at_its_default_log_level(tmp_path: Path) -> None:
+    """A batch's rows travel in the tasks of the jobs that read it: over 1 MB, Spark warns
+    "contains a task of very large size" for each. The emitter drops that one message at
+    Spark's default log level (WARN), in a process of its own (as a user runs it); the
+    logger's other messages stay."""
+    script = tmp_path / "quiet.py"
+    script.write_text(f"""
+import sys
+from pyspark.sql import SparkSession
+from spark_fixtures import feed_inserts
+from plugin_framework.spark import ForeachBatchPlugin
+
+spark = SparkSession.builder.master("local[1]").getOrCreate()
+counts = []
+plugin = ForeachBatchPlugin(lambda df, i: counts.append(df.filter("op = 'INSERT'").count()),
+                            spark=spark, checkpoint={str(tmp_path / "checkpoint")!r},
+                            max_rows=20_000)
+# 16,000 rows of about 150 bytes: one batch of over 2 MB
+feed_inserts(plugin, [range(n, n + 4000) for n in range(0, 16_000, 4000)])
+print("counts", counts, file=sys.stderr, flush=True)
+spark.sparkContext.setLogLevel("INFO")
+spark.range(1).count()
+spark.stop()
+""")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent),
+           "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    quiet, _, chatty = done.stderr.partition("counts [16000]")
+    assert chatty, done.stderr[-3000:]
+    assert "very large size" not in quiet, quiet[-2000:]
+    assert "TaskSetManager" in chatty, chatty[-2000:]  # the logger still speaks
 
 
 def test_a_lazy_frame_is_made_once_whichever_threads_read_it(spark: Any) -> None:

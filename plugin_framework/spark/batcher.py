@@ -213,6 +213,9 @@ class ForeachBatchPlugin(OutputPlugin):
                      pending.batch_id, pending.start, pending.end)
         if self.spark is None:
             self.spark = _session()
+        from plugin_framework.spark.lazyframe import quiet_large_tasks  # (imports pyspark)
+
+        quiet_large_tasks(self.spark)
         self._schema = change_schema()
         self._ready = True
         if pending is not None and pending.stored:

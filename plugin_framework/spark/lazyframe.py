@@ -15,11 +15,14 @@ plain one there.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+log = logging.getLogger("pgdecode.spark")
 
 
 class LazyFrame(ClassicFrame):
@@ -64,3 +67,34 @@ def frame(spark: Any, make: Callable[[], Any], schema: Any) -> Any:
     if getattr(spark, "_jsparkSession", None) is None:
         return make()
     return LazyFrame(make, spark, schema)
+
+
+_TASKS_LOGGER = "org.apache.spark.scheduler.TaskSetManager"
+_LARGE_TASK = ".*contains a task of very large size.*"
+
+
+def quiet_large_tasks(spark: Any) -> None:
+    """Drop Spark's warning "Stage N contains a task of very large size" (over 1 MB), and
+    only that message of its logger: a batch's rows travel to the executors in the tasks
+    of the jobs that read it (``createDataFrame``'s design), so each such job would print
+    it, batch after batch, at the default log level. Done once per JVM; nothing where the
+    session has no JVM (Spark Connect) or its logging is not log4j 2."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return
+    try:
+        core = jvm.org.apache.logging.log4j.core
+        context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+        config = context.getConfiguration()
+        logger = config.getLoggerConfig(_TASKS_LOGGER)
+        if logger.getName() != _TASKS_LOGGER:  # its own config, its level its parent's
+            logger = core.config.LoggerConfig(_TASKS_LOGGER, None, True)
+            config.addLogger(_TASKS_LOGGER, logger)
+        elif _LARGE_TASK in str(logger.getFilter()):
+            return
+        result = getattr(core, "Filter$Result")
+        logger.addFilter(core.filter.RegexFilter.createFilter(
+            _LARGE_TASK, None, True, result.DENY, result.NEUTRAL))
+        context.updateLoggers()
+    except Exception as e:  # (a log4j 1 or custom logging setup): the warnings stay
+        log.debug("Spark's large-task warnings stay: %s", e)
