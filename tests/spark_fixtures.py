@@ -199,9 +199,17 @@ def arrow_rows(table: Any, columns: list[str]) -> list[tuple[Any, ...]]:
 
 
 def state_rows(spark: Any, path: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    """``TableStateWriter``'s state of a table, read by Spark (``spark`` None: by pyarrow,
+    the files its manifest lists)."""
     from plugin_framework.spark import read_state
+    from plugin_framework.spark.statefiles import StateFiles
 
-    return arrow_rows(read_state(spark, path, table).select(*columns).toArrow(), columns)
+    if spark is not None:
+        return arrow_rows(read_state(spark, path, table).select(*columns).toArrow(), columns)
+    files = StateFiles.at(path, table)
+    manifest = files.recover()
+    assert manifest is not None, f"no state of {table} under {path}"
+    return arrow_rows(files.read(list(manifest.files)), columns)
 
 
 def table_columns(db: Any, table: str) -> list[str]:

@@ -81,6 +81,70 @@ def test_mirror_copies_then_follows_the_tables_into_delta(db: Any, tmp_path: Pat
     assert ops == {"SNAPSHOT", "UPDATE", "INSERT"}, ops
 
 
+def test_mirror_into_parquet_by_default_says_its_batches_on_a_terminal(
+        db: Any, tmp_path: Path) -> None:
+    """The default format (Parquet: TableStateWriter) from an existing slot, run on a
+    terminal as a user would, stopped with SIGTERM once it has everything: the status line
+    counts the batches (no log line per batch), and the state equals the tables (read by
+    pyarrow, without Spark)."""
+    import os
+    import pty
+    import re
+    import select
+    import subprocess
+    import time
+
+    from streamkit import cli_command
+
+    slot = "mirror_parquet"
+    with db.connect(autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    result = run_cli(["slot", "create", "-d", db.conninfo, "-S", slot, "--two-phase"])
+    assert result.returncode == 0, result.stderr
+    with db.connect(autocommit=True) as conn:
+        ex = conn.execute
+        for start in range(1, 1200, 100):
+            ex(ACCOUNT_ROWS, (start, start + 99))
+            ex(LEDGER_ROWS, (start, start + 99))
+        ex("UPDATE accounts SET balance = balance + 1 WHERE id % 3 = 0")  # TOAST kept
+        ex("UPDATE accounts SET id = id + 10000 WHERE id % 10 = 1")  # key changes
+        ex("DELETE FROM ledger WHERE id % 4 = 0")
+        ex("INSERT INTO fulltab SELECT g % 7, 'b' || g FROM generate_series(1, 50) g")
+        ex("INSERT INTO scratch SELECT g, 'v' || g FROM generate_series(1, 100) g")
+        end = str(ex("SELECT pg_current_wal_insert_lsn()::text").fetchall()[0][0])
+    lake = tmp_path / "lake"
+    primary, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        cli_command("mirror", "-d", db.conninfo, "-S", slot, "--publication", "spark_pub",
+                    "--to", str(lake), "--max-rows", "200", "--max-delay", "1", "--master",
+                    "local[1]", "--spark-conf", "spark.ui.enabled=false"),
+        env=cli_env(), stdout=subprocess.DEVNULL, stderr=terminal, start_new_session=True)
+    os.close(terminal)
+    shown, counts, stopping = b"", [0], False
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([primary], [], [], 1.0)[0]:
+                try:
+                    shown += os.read(primary, 65536)
+                except OSError:  # the terminal's other side closed: the process ended
+                    break
+            counts = [int(n) for n in re.findall(rb"changes/s  (\d+) batches \(", shown)]
+            # once the status line shows the batches of everything up to the end: stop
+            if not stopping and counts and counts[-1] > 1 and _confirmed_past(db, slot, end):
+                os.killpg(proc.pid, signal.SIGTERM)
+                stopping = True
+        status = proc.wait(timeout=120)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = shown.decode(errors="replace")
+    assert stopping and status == 0, text[-3000:]
+    assert b"pgdecode: INFO: batch" not in shown, text[-3000:]  # the status line says it
+    assert_state_equals_tables(None, db, str(lake))
+
+
 def test_mirror_keys_full_tables_by_their_primary_key(db: Any) -> None:
     """The keys mirror gives the sinks (-o keys): each published table's primary key, none
     for a table without one."""

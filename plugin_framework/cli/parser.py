@@ -148,11 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot_args(p)
     metrics_args(p)
     p.add_argument("--to", required=True, metavar="DIR",
-                   help="where the tables go (DIR/SCHEMA/TABLE): a path or URI Spark writes "
-                        "to (Parquet), or that deltalake writes to (Delta)")
+                   help="where the tables go (DIR/SCHEMA/TABLE): a local path, or a URI "
+                        "that pyarrow (Parquet) or deltalake (Delta) writes to")
     p.add_argument("--format", choices=("parquet", "delta"), default="parquet",
-                   help="parquet (default; each batch rewrites the tables it touches) or delta "
-                        "(each batch merged; needs pgdecode[delta])")
+                   help="parquet (default; each batch rewrites the files holding the keys it "
+                        "touches) or delta (each batch merged; needs pgdecode[delta])")
     p.add_argument("--history", action="store_true",
                    help="also keep every version of every row, as Delta tables at "
                         "DIR/_history/SCHEMA/TABLE (needs pgdecode[delta])")

@@ -9,7 +9,9 @@ from typing import Any
 
 
 class StatusLine:
-    """A one-line live status on a terminal's stderr: positions, lag, rates."""
+    """A one-line live status on a terminal's stderr: positions, lag, rates, and what each
+    plugin says of itself (its ``status_note`` property, if it has one: the spark emitter's
+    batches)."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
@@ -28,23 +30,24 @@ class StatusLine:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
-            p = self.source.progress
-            pipeline = self.source.pipeline
-            now = time.monotonic()
-            then, txns, changes = self._last
-            dt = max(now - then, 1e-6)
-            rate_t = (pipeline.transactions - txns) / dt
-            rate_c = (pipeline.changes - changes) / dt
-            self._last = (now, pipeline.transactions, pipeline.changes)
-            lag_bytes = p.lag_bytes
-            lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
-            state = "" if p.connected else " (reconnecting)"
-            if p.snapshot is not None and not p.snapshot.done:
-                sys.stderr.write(f"\r{p.snapshot.describe()}{state}\033[K")
-                sys.stderr.flush()
-                continue
-            sys.stderr.write(
-                f"\rreceived {p.received}  acked {p.acked}  lag {lag_bytes} B / {lag_s:.1f} s  "
-                f"{rate_t:.0f} txn/s  {rate_c:.0f} changes/s{state}\033[K"
-            )
+            sys.stderr.write(f"\r{self.line()}\033[K")
             sys.stderr.flush()
+
+    def line(self) -> str:
+        """The status now, with the rates since the last call."""
+        p = self.source.progress
+        pipeline = self.source.pipeline
+        if p.snapshot is not None and not p.snapshot.done:
+            return str(p.snapshot.describe()) + ("" if p.connected else " (reconnecting)")
+        now = time.monotonic()
+        then, txns, changes = self._last
+        dt = max(now - then, 1e-6)
+        rate_t = (pipeline.transactions - txns) / dt
+        rate_c = (pipeline.changes - changes) / dt
+        self._last = (now, pipeline.transactions, pipeline.changes)
+        lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
+        notes = "".join(f"  {note}" for m in pipeline.members
+                        if (note := getattr(m.plugin.plugin, "status_note", None)))
+        state = "" if p.connected else " (reconnecting)"
+        return (f"received {p.received}  acked {p.acked}  lag {p.lag_bytes} B / {lag_s:.1f} s  "
+                f"{rate_t:.0f} txn/s  {rate_c:.0f} changes/s{notes}{state}")

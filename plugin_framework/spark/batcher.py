@@ -163,6 +163,13 @@ class ForeachBatchPlugin(OutputPlugin):
             self.checkpoint = Checkpoint(path, None if ctx is None else ctx.slot_name)
         return self.checkpoint
 
+    @property
+    def status_note(self) -> str:
+        """For the status line: the batches this process delivered, and the last one's id."""
+        last = self.last_batch
+        return (f"{self.batches} batches ({self.rows_delivered} rows)"
+                + ("" if last is None else f", last {last.batch_id}"))
+
     def make_output(self) -> MicroBatchOutput:
         """The Output to give this plugin in ``Pipeline.add(..., output=...)``."""
         return self.output
@@ -447,7 +454,7 @@ class ForeachBatchPlugin(OutputPlugin):
         self._batch_txns = 0
         self._batch_since = None
         self._batch_stored = False
-        log.info("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
+        log.debug("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
                  br.rows, br.transactions, br.start, br.end, time.monotonic() - started)
 
     def _finished(self, br: BatchRange, ack: LSN) -> None:
