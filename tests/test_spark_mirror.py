@@ -1,16 +1,20 @@
-"""The mirrors (``TableStateWriter``, ``DeltaTableWriter``, #16) against the server's tables,
+"""The mirrors (``TableStateWriter``, ``DeltaTableWriter``, ``HistoryWriter``, #16) against
+the server's tables,
 on each version: a seeded random workload of typed values (numerics, arrays with NULLs,
 jsonb, dates and timestamps BC and infinite), key-change chains (within a batch and across
 batches), updates that leave TOAST values unchanged, deletes and reinserts of a key,
 rolled-back savepoints, two-phase commits and rollbacks, large transactions the server
 streams (logical_decoding_work_mem is 64kB), TRUNCATE, a REPLICA IDENTITY FULL table, then
 columns renamed, added, retyped and dropped, delivered in batches of 1, 7 and 10,000 changes
-(to Delta: of 7, each batch twice) from a two-phase slot; after each, the state equals
-``SELECT *`` value by value, and every row carries the commit LSN of the change that wrote
-it."""
+(those of 7 each twice, as after a crash) from a two-phase slot; after each, every sink
+equals ``SELECT *`` value by value, every row carries the commit LSN of the change that
+wrote it, and the history gives the tables as they were after each transaction. Batches of
+10,000 also check split_tables' old keys and change_feed (commit versions and times, and a
+replay by key giving the table)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -81,7 +85,7 @@ class Made:
     """What a workload did, so that a test can tell it took the paths it means to."""
 
     def __init__(self) -> None:
-        self.prepared = self.rolled_back = self.large = 0
+        self.prepared = self.rolled_back = self.large = self.truncated = 0
 
 
 def run_workload(conn: Any, seed: int, transactions: int,
@@ -123,6 +127,7 @@ def run_workload(conn: Any, seed: int, transactions: int,
                 made.prepared += 1
         if r.random() < 0.02:
             ex("TRUNCATE m_full")
+            made.truncated += 1
         record()
     if not alter:
         return made
@@ -275,7 +280,7 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
     with db.connect(autocommit=True) as conn:
         made = run_workload(conn, seed=16, transactions=60 if db.major_version < 18 else 70,
                             record=record)
-    assert made.prepared and made.rolled_back and made.large, vars(made)
+    assert made.prepared and made.rolled_back and made.large and made.truncated, vars(made)
     # the hard values are in the tables the mirrors must equal
     hard = db.execute(
         "SELECT count(*) FILTER (WHERE NOT isfinite(at)), "
@@ -290,29 +295,34 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
     old_keys: list[tuple[Any, Any]] = []  # (the old row's id, split_tables' _old_id)
     feed: list[Any] = []  # change_feed rows of m_pk
 
+    commits: dict[int, int] = {}  # commit LSN -> its commit time, in µs from 1970
+
     def split(df: Any, batch_id: int) -> None:
         raw = {(r["commit_lsn"], r["seq"]): r["before"] for r in df.filter(
             "`table` = 'm_pk' AND before IS NOT NULL").collect()}
+        for r in df.selectExpr("commit_lsn", "unix_micros(commit_time)").distinct().collect():
+            commits[r[0]] = r[1]
         for r in split_tables(df)["public.m_pk"].filter("_has_old").select(
                 "_commit_lsn", "_seq", "_old_id").collect():
             old_keys.append((int(raw[r["_commit_lsn"], r["_seq"]]["id"]), r["_old_id"]))
         # (through Arrow: Python's dates have no year BC)
-        feed.extend(epoch_numbers(change_feed(df)["public.m_pk"].toArrow()).to_pylist())
+        feed.extend({**r, "batch": batch_id} for r in epoch_numbers(
+            change_feed(df)["public.m_pk"].toArrow()).to_pylist())
 
-    delta, history = str(tmp_path / "delta"), str(tmp_path / "history")
     for size in sizes:
+        delta, history = str(tmp_path / f"delta{size}"), str(tmp_path / f"history{size}")
         state = str(tmp_path / f"state{size}")
         # small files for the small batches: rows move between files, files split and empty
         writer = TableStateWriter(state, **({"file_rows": 5 + size} if size < 100 else {}))
 
-        def fn(df: Any, batch_id: int, writer: Any = writer, size: int = size) -> None:
+        def fn(df: Any, batch_id: int, writer: Any = writer, size: int = size,
+               delta: str = delta, history: str = history) -> None:
             writer(df, batch_id)
             if size == sizes[-1]:
                 split(df, batch_id)
-            if size == sizes[1]:  # Delta; each batch twice, as after a crash
-                for _ in range(2):
-                    DeltaTableWriter(delta)(df, batch_id)
-                    HistoryWriter(history)(df, batch_id)
+            for _ in range(2 if size == sizes[1] else 1):  # batches of 7 twice, as after a crash
+                DeltaTableWriter(delta)(df, batch_id)
+                HistoryWriter(history)(df, batch_id)
 
         ForeachBatchStream(spark, fn, dsn=db.conninfo, slot=f"m{size}",
                            publications=["mirror_pub"], checkpoint=str(tmp_path / f"ck{size}"),
@@ -323,9 +333,8 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
             assert files is not None and len(files.files) > 1, files
             assert max(files.files.values()) <= 5 + size, files
         assert_took_both_ways(db, f"m{size}")
-        if size == sizes[1]:
-            assert_mirrored(spark, db, delta, delta=True)
-            assert_history(db, history, points)
+        assert_mirrored(spark, db, delta, delta=True)
+        assert_history(db, history, points)
     # split_tables gives the old key of key changes and deletes (what a MERGE deletes)
     assert len(old_keys) > 10 and all(a == b for a, b in old_keys), old_keys[:5]
     # change_feed: a preimage before each postimage; replayed by key, it gives the table
@@ -334,6 +343,14 @@ def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
     rows: dict[Any, dict[str, Any]] = {}
     kinds = [r["_change_type"] for r in feed]
     assert kinds.count("update_preimage") == kinds.count("update_postimage") > 0
+    # each change's commit LSN and commit time, in commit order
+    assert all(commits[r["_commit_version"]] == r["_commit_timestamp"] for r in feed)
+    versions = [(r["batch"], r["_commit_version"]) for r in feed]
+    assert versions == sorted(versions)
+    # a key changed twice in one batch: a chain the mirrors followed to its end
+    moved = [(r["batch"], pre["id"], r["id"]) for pre, r in itertools.pairwise(feed)
+             if r["_change_type"] == "update_postimage" and pre["id"] != r["id"]]
+    assert any(b1 == b2 and new == old for b1, _, new in moved for b2, old, _ in moved), moved
     columns = table_columns(db, "public.m_pk")
     for r in feed:
         kind = r["_change_type"]
