@@ -246,7 +246,8 @@ def assert_state_equals_tables(spark: Any, db: Any, path: str, *, delta: bool = 
             f"{len(extra)} unexpected (e.g. {sorted(extra)[:2]})")
 
 
-def expected_changes(db: Any, slot: str) -> dict[tuple[int, int], str]:
+def expected_changes(db: Any, slot: str,
+                     publication: str = PUBLICATION) -> dict[tuple[int, int], str]:
     """(commit_lsn, seq) -> "op schema.table" of every change a slot holds, decoded by a
     minimal plugin of its own (not the Spark code under test)."""
     from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
@@ -274,7 +275,7 @@ def expected_changes(db: Any, slot: str) -> dict[tuple[int, int], str]:
     pipeline = Pipeline(proto_version=proto)
     pipeline.add(plugin, output=MemoryOutput())
     pipeline.startup()
-    options = ["proto_version", str(proto), "publication_names", PUBLICATION,
+    options = ["proto_version", str(proto), "publication_names", publication,
                "streaming", "on" if proto >= 4 else "true"]
     for lsn, data in db.execute(
             "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
@@ -284,13 +285,25 @@ def expected_changes(db: Any, slot: str) -> dict[tuple[int, int], str]:
 
 
 def changelog_rows(spark: Any, path: str) -> list[tuple[int, int, str, int]]:
+    """(commit_lsn, seq, "op schema.table", batch_id) of every row of a change log, read by
+    Spark (``spark`` None: by pyarrow, its partitions as Hive's)."""
+    if spark is None:
+        import pyarrow.dataset as ds
+
+        data = ds.dataset(path, format="parquet", partitioning="hive").to_table(
+            columns=["commit_lsn", "seq", "op", "schema", "table", "batch_id"]).to_pylist()
+        return [(r["commit_lsn"], r["seq"], f"{r['op']} {r['schema']}.{r['table']}",
+                 r["batch_id"]) for r in data]
     rows = spark.read.parquet(path).selectExpr(
         "commit_lsn", "seq", "concat(op, ' ', schema, '.', `table`)", "batch_id").collect()
     return [(int(r[0]), int(r[1]), str(r[2]), int(r[3])) for r in rows]
 
 
-def assert_changelog_complete(spark: Any, db: Any, path: str, ref_slot: str) -> None:
-    expected = expected_changes(db, ref_slot)
+def assert_changelog_complete(spark: Any, db: Any, path: str, ref_slot: str,
+                              publication: str = PUBLICATION) -> None:
+    """The change log holds each change of ``ref_slot`` (a slot made with the one it was
+    written from) once."""
+    expected = expected_changes(db, ref_slot, publication)
     rows = changelog_rows(spark, path)
     seen: dict[tuple[int, int], str] = {}
     for commit_lsn, seq, what, _ in rows:

@@ -19,6 +19,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,6 @@ from plugin_framework.spark import (
     TableStateWriter,
     change_feed,
     read_delta,
-    read_state,
     split_tables,
 )
 from plugin_framework.spark.delta import delta_arrow
@@ -210,9 +210,8 @@ def assert_mirrored(spark: Any, db: Any, path: str, *, delta: bool = False) -> N
         assert not missing and not extra, (
             f"{table}: {len(missing)} rows missing (e.g. {str(sorted(missing)[:1])[:300]}), "
             f"{len(extra)} unexpected (e.g. {str(sorted(extra)[:1])[:300]})")
-        lsns = delta_arrow(read_delta(path, table)).column("_commit_lsn").to_pylist() \
-            if delta else [r[0] for r in read_state(spark, path, table)
-                           .select("_commit_lsn").collect()]
+        lsns = [r[0] for r in (delta_rows if delta else partial(state_rows, spark))(
+            path, table, ["_commit_lsn"])]
         assert all(lsn is not None and lsn > 0 for lsn in lsns), f"{table}: no commit LSN"
 
 

@@ -110,7 +110,8 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
     table, two-phase commits and rollbacks, streamed transactions, ALTER TABLEs) in batches
     of 25 changes, the pipeline killed with SIGKILL in three batches chosen at random
     (between two tables of the Delta state), started again each time: the Delta state equals
-    the tables, and the history their states after each transaction."""
+    the tables, and the history their states after each transaction; so do the Parquet
+    state and the change log (each change once), written before the kills in each batch."""
     import random
 
     from test_spark_mirror import SCHEMA as MIRROR_SCHEMA
@@ -124,9 +125,10 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
 
     with db.connect(autocommit=True) as conn:
         conn.execute(MIRROR_SCHEMA)
-    slot = f"{db.dbname}_rk"
-    db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
-               (slot,))
+    slot, ref = f"{db.dbname}_rk", f"{db.dbname}_rk_ref"
+    for name in (slot, ref):
+        db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, true)",
+                   (name,))
     points: list[tuple[int, Counter[Any], Counter[Any]]] = []
 
     def record() -> None:
@@ -155,4 +157,6 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
     assert_took_both_ways(db, slot)
     assert_mirrored(None, db, str(tmp_path / "delta"), delta=True)
     assert_history(db, str(tmp_path / "history"), points)
+    assert_mirrored(None, db, str(tmp_path / "state"))  # the Parquet state (read by pyarrow)
+    assert_changelog_complete(None, db, str(tmp_path / "log"), ref, "mirror_pub")
 
