@@ -5,6 +5,7 @@ captured stream, in the same run.
     python bench/spark.py [--changes N] [--batch-rows 10000,50000] [--runs 3] [--toast]
                                         [--bindir DIR] [--out FILE] [--load FILE] [--parquet]
                                         [--mirror] [--into N,...] [--source]
+                                        [--toast-changes N]
 
 Starts a throwaway PostgreSQL cluster, runs a mixed workload (transactions of 1000 changes: 800
 inserts, 150 updates, 50 deletes) on a seven-column table (bigint, text, numeric, timestamptz,
@@ -37,6 +38,13 @@ fed with every message, from the first message to the end of shutdown (everythin
   that holds the workload (the cluster stays up for it), with the transactions the server
   decoded per workload transaction (``pg_stat_replication_slots.total_txns``): #16 asks
   that it decode each change once.
+
+- with --toast-changes N: the TOAST-heavy workload of N changes captured too, and json and
+  the spark emitter's noop / to-jvm / count paths timed on it (rows named "toast ...", each
+  against that workload's json), so that one run reports every figure #16 asks for:
+
+    python bench/spark.py --changes 100000 --batch-rows 10000 --runs 2 --mirror \
+        --into 1000000,10000000 --source --toast-changes 50000
 
 Spark runs as ``local[2]``; one warm-up batch goes first. It prints numbers and never judges
 them: no thresholds, exit status 0.
@@ -299,6 +307,41 @@ class SourceRuns:
         return seconds, len([n for n in batches if n]), int(row[0]) if row else -1
 
 
+class Timer:
+    """Best-of timings, each against the json emitter's on the same workload (the last
+    ``paths`` call's)."""
+
+    def __init__(self, runs: int, results: list[tuple[str, float, int, int, float]]) -> None:
+        self.runs = runs
+        self.results = results
+        self.changes = 0
+        self.json_seconds = 0.0
+
+    def best(self, name: str, run: Callable[[], tuple[float, int]]) -> float:
+        times, batches = [], 0
+        for _ in range(self.runs):
+            seconds, batches = run()
+            times.append(seconds)
+        self.results.append((name, min(times), batches, self.changes,
+                             self.json_seconds or min(times)))
+        print(f"  {name:<30} {min(times):7.2f} s  {self.changes / min(times):>10,.0f} rows/s",
+              flush=True)
+        return min(times)
+
+    def paths(self, label: str, frames: Sequence[Frame], proto: int, changes: int, work: Path,
+              spark: Any, sizes: Sequence[int]) -> None:
+        """json, then the spark emitter's noop, to-jvm and count paths, on one workload."""
+        self.changes, self.json_seconds = changes, 0.0
+        self.json_seconds = self.best(f"{label}json", lambda: (run_json(frames, proto, work), 0))
+        for size in sizes:
+            self.best(f"{label}spark noop  {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: None))
+            self.best(f"{label}spark to-jvm {size:>6,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: df.isStreaming))
+            self.best(f"{label}spark count {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
+                frames, proto, work, spark, s, lambda df, i: df.count()))
+
+
 def session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -332,14 +375,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--into", default="",
                         help="also time TableStateWriter into tables of these many rows "
                              "before the workload (e.g. 1000000,10000000)")
+    parser.add_argument("--toast-changes", type=int, default=0, metavar="N",
+                        help="also capture the TOAST-heavy workload of N changes and time json "
+                             "and the spark emitter's paths on it, in the same run")
     parser.add_argument("--source", action="store_true",
                         help="also time the Structured Streaming source (df.count() per "
                              "batch), with the transactions the server decoded")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.batch_rows.split(",") if x.strip()]
     into = [int(x) for x in args.into.split(",") if x.strip()]
-    if (into or args.source) and args.load:
-        parser.error("--into and --source need the server of the capture: not with --load")
+    if (into or args.source or args.toast_changes) and args.load:
+        parser.error("--into, --source and --toast-changes need a server: not with --load")
 
     print(f"Python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
           f"{os.cpu_count()} CPUs")
@@ -364,38 +410,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         kinds = Counter(chr(data[0]) for _, data in frames)
         changes = kinds["I"] + kinds["U"] + kinds["D"]
         print(f"messages: {len(frames):,} (protocol {proto}), changes: {changes:,}")
-        from plugin_framework.spark import ChangeLogWriter
-
         warm = frames[:min(len(frames), 3000)]
         run_spark(warm, proto, work, spark, 1000, lambda df, i: df.count())
         run_json(warm, proto, work)
 
-        results: list[tuple[str, float, int]] = []
-
-        def best(name: str, run: Callable[[], tuple[float, int]]) -> None:
-            times, batches = [], 0
-            for _ in range(args.runs):
-                seconds, batches = run()
-                times.append(seconds)
-            results.append((name, min(times), batches))
-            print(f"  {name:<24} {min(times):7.2f} s  {changes / min(times):>10,.0f} rows/s",
-                  flush=True)
-
+        results: list[tuple[str, float, int, int, float]] = []
+        timer = Timer(args.runs, results)
+        label = "toast " if args.toast else ""
         print(f"timing (best of {args.runs}):")
-        best("json", lambda: (run_json(frames, proto, work), 0))
+        timer.paths(label, frames, proto, changes, work, spark, sizes)
         for size in sizes:
-            best(f"spark noop  {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
-                frames, proto, work, spark, s, lambda df, i: None))
-            best(f"spark to-jvm {size:>6,}", lambda s=size: run_spark(  # type: ignore[misc]
-                frames, proto, work, spark, s, lambda df, i: df.isStreaming))
-            best(f"spark count {size:>7,}", lambda s=size: run_spark(  # type: ignore[misc]
-                frames, proto, work, spark, s, lambda df, i: df.count()))
             if args.parquet:
+                from plugin_framework.spark import ChangeLogWriter
+
                 def parquet(s: int = size) -> tuple[float, int]:
                     shutil.rmtree(work / "log", ignore_errors=True)
                     return run_spark(frames, proto, work, spark, s,
                                      ChangeLogWriter(str(work / "log")))
-                best(f"spark parquet {size:>5,}", parquet)
+                timer.best(f"{label}spark parquet {size:>5,}", parquet)
             if args.mirror:
                 from plugin_framework.spark import (
                     DeltaTableWriter,
@@ -409,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         shutil.rmtree(work / "mirror", ignore_errors=True)
                         return run_spark(frames, proto, work, spark, s,
                                          sink(str(work / "mirror")))
-                    best(f"mirror {name:<7} {size:>7,}", mirror)
+                    timer.best(f"{label}mirror {name:<7} {size:>7,}", mirror)
             for rows in into:
                 per_batch: list[float] = []
 
@@ -419,18 +451,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     seconds, batches, sink = run_into(frames, proto, work, spark, s, seeds, rows)
                     per_batch.append(sink)
                     return seconds, batches
-                best(f"into {rows:>10,} {size:>7,}", seeded)
+                timer.best(f"into {rows:>10,} {size:>7,}", seeded)
                 print(f"    the sink: {min(per_batch):.3f} s per batch (best run)", flush=True)
         if sources is not None:
             for size, seconds, batches, decoded in sources.results:
-                results.append((f"source count {size:>6,}", seconds, batches))
+                results.append((f"source count {size:>6,}", seconds, batches, changes,
+                                timer.json_seconds))
                 print(f"  source count {size:>6,}: {decoded / kinds['C']:.2f} transactions "
                       f"decoded per transaction ({decoded:,} for {kinds['C']:,})")
-        json_seconds = results[0][1]
+        if args.toast_changes:  # the TOAST-heavy workload too, in the same run
+            toast, toast_proto = capture(choose_bindir(args.bindir), args.toast_changes,
+                                         toast=True)
+            kinds = Counter(chr(data[0]) for _, data in toast)
+            timer.paths("toast ", toast, toast_proto, kinds["I"] + kinds["U"] + kinds["D"],
+                        work, spark, sizes)
         print()
-        print(f"{'path':<24} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")
-        for name, seconds, batches in results:
-            print(f"{name:<24} {seconds:8.2f} {changes / seconds:>10,.0f} "
+        print(f"{'path':<30} {'seconds':>8} {'rows/s':>10} {'batches':>8} {'vs json':>8}")
+        for name, seconds, batches, count, json_seconds in results:
+            print(f"{name:<30} {seconds:8.2f} {count / seconds:>10,.0f} "
                   f"{batches if batches else '-':>8} {json_seconds / seconds:>7.0%}")
         spark.stop()
     finally:
