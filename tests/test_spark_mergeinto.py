@@ -432,7 +432,9 @@ def run_key_changes(conn: Any, seed: int, transactions: int) -> None:
     """Rows of m_pk with TOAST values, then transactions of key changes and updates that
     leave them unchanged, deletes and new rows: no later change writes a value again, so a
     value lost in a key change stays lost (the mirror workload's large transactions rewrite
-    every row's)."""
+    every row's). Some transactions are prepared, then committed or rolled back, some roll
+    a savepoint back, and some are large enough for the server to stream them (many
+    updates that leave the TOAST values as they are)."""
     import random
 
     from test_spark_mirror import big
@@ -442,6 +444,13 @@ def run_key_changes(conn: Any, seed: int, transactions: int) -> None:
     ex("INSERT INTO m_pk SELECT g, g, %s, 'n' || g FROM generate_series(1, 30) g", (big(r),))
     for number in range(transactions):
         ex("BEGIN")
+        if r.random() < 0.08:  # some 1,200 small changes: more than logical_decoding_work_mem
+            for _ in range(40):
+                ex("UPDATE m_pk SET v = v + 1")
+        if r.random() < 0.2:
+            ex("SAVEPOINT s")
+            ex("UPDATE m_pk SET big = 'gone', id = id + 1000")
+            ex("ROLLBACK TO SAVEPOINT s")
         for _ in range(r.randint(1, 3)):
             k, choice = r.randint(1, 30), r.randrange(4)
             if choice == 0:  # up and back down: key-change chains, within a batch or not
@@ -455,16 +464,22 @@ def run_key_changes(conn: Any, seed: int, transactions: int) -> None:
             else:
                 ex("DELETE FROM m_pk WHERE id IN (%s, %s)", (k, k + 100))
                 ex("INSERT INTO m_pk VALUES (%s, 0, %s, 'again')", (k, big(r)))
-        ex("COMMIT")
+        if r.random() < 0.15:
+            gid = f"keys_{seed}_{number}"
+            ex(f"PREPARE TRANSACTION '{gid}'")
+            ex(f"{'ROLLBACK' if r.random() < 0.3 else 'COMMIT'} PREPARED '{gid}'")
+        else:
+            ex("COMMIT")
 
 
 def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
                                              rowlevel_jar: Path, tmp_path: Path) -> None:
-    """The mirror workload merged in batches of 7 by a process killed with SIGKILL three
-    times, each time after the MERGE of a batch with key changes that leave TOAST values
-    unchanged and before its checkpoint record: each restart delivers that batch again,
-    merges its staged rows again (the target's values taken before the first merge), and
-    the target (kept on disk by the test catalog) ends equal to ``SELECT *``."""
+    """A workload of key changes (with prepared, streamed and savepoint-rolled-back
+    transactions) merged in batches of 7 by a process killed with SIGKILL three times,
+    each time after the MERGE of a batch with key changes that leave TOAST values unchanged
+    and before its checkpoint record: each restart delivers that batch again, merges its
+    staged rows again (the target's values taken before the first merge), and the target
+    (kept on disk by the test catalog) ends equal to ``SELECT *``."""
     from merge_runner import CATALOG, CATALOG_CLASS
     from test_spark_recovery import _start_args, _wait, _wait_slot_free
 
@@ -490,6 +505,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     proc = _start_args(args, tmp_path)
     _wait(proc, tmp_path, "done")
     assert proc.wait(60) == 0
+    assert_took_both_ways(db, "mk")  # streamed transactions, prepared ones at PREPARE
     merged = [int(x) for x in (tmp_path / "merged").read_text().split()]
     for batch_id in killed:  # merged, killed, merged again from the staged rows
         assert merged.count(batch_id) == 2, (killed, merged)
