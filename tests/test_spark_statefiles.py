@@ -460,12 +460,26 @@ def test_an_unknown_unchanged_toast_value_is_written_as_null_and_said_so(
                                       "unchanged (big)"), messages
 
 
+def sink_rows(sink: str, path: Path) -> list[dict[str, Any]]:
+    """The rows a sink ("state", "delta", "history": its current versions) holds of public.t
+    at ``path``."""
+    from plugin_framework.spark.delta import read_delta
+
+    if sink == "state":
+        files = StateFiles.at(str(path), TABLE)
+        manifest = files.recover()
+        assert manifest is not None
+        return files.read(list(manifest.files)).to_pylist()
+    return [r for r in read_delta(str(path), TABLE).to_pyarrow_table().to_pylist()
+            if sink == "delta" or r["_is_current"]]
+
+
 @pytest.mark.parametrize("sink", ["state", "delta", "history"])
 def test_an_unknown_unchanged_toast_value_is_said_so_in_a_batch_that_alters_the_table(
         sink: str, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The same policy where a batch redescribes the table (ADD COLUMN) and the sinks merge
     it in Spark (merge_state, the history's rewrite: fill_from)."""
-    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+    from plugin_framework.spark.delta import DeltaTableWriter
     from plugin_framework.spark.history import HistoryWriter
 
     writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
@@ -480,14 +494,7 @@ def test_an_unknown_unchanged_toast_value_is_said_so_in_a_batch_that_alters_the_
         row["columns"] = [*COLUMNS, {"name": "e", "type": "integer", "key": False}]
     with caplog.at_level("WARNING", logger="plugin_framework.spark.sinks"):
         writer.apply(spark, altered, rows_info("public", "t", altered), 1)
-    if sink == "state":
-        files = StateFiles.at(str(tmp_path), TABLE)
-        manifest_ = files.recover()
-        assert manifest_ is not None
-        rows = files.read(list(manifest_.files)).to_pylist()
-    else:
-        rows = [r for r in read_delta(str(tmp_path), TABLE).to_pyarrow_table().to_pylist()
-                if sink == "delta" or r["_is_current"]]
+    rows = sink_rows(sink, tmp_path)
     assert {r["id"]: (r["v"], r["big"], r["e"]) for r in rows} == {1: ("b", "B1", 5),
                                                                   7: ("y", None, 6)}
     messages = [r.getMessage() for r in caplog.records]
@@ -510,7 +517,7 @@ def test_a_retyped_column_is_converted_only_where_the_value_comes_back(
     the rewritten rows: the sinks convert the rows they hold themselves. They do so where
     Spark's cast of each value converts back to it; anything else is refused, naming the
     table, the column and a value, never a NULL or another number."""
-    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
+    from plugin_framework.spark.delta import DeltaTableWriter
     from plugin_framework.spark.history import HistoryWriter
     from plugin_framework.spark.schemas import SchemaChangeError
 
@@ -529,13 +536,6 @@ def test_a_retyped_column_is_converted_only_where_the_value_comes_back(
         assert repr(held) in str(raised.value) or str(held) in str(raised.value)
         return
     writer.apply(spark, altered, rows_info("public", "t", altered), 1)
-    if sink == "state":
-        files = StateFiles.at(str(tmp_path), TABLE)
-        manifest_ = files.recover()
-        assert manifest_ is not None
-        rows = files.read(list(manifest_.files)).to_pylist()
-    else:
-        rows = [r for r in read_delta(str(tmp_path), TABLE).to_pyarrow_table().to_pylist()
-                if sink == "delta" or r["_is_current"]]
+    rows = sink_rows(sink, tmp_path)
     got = {r["id"]: r[column] for r in rows}
     assert got == {1: int(held.split(".")[0]), 2: int({"v": "7", "n": "4"}[column])}
