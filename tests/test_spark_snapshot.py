@@ -209,8 +209,11 @@ def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
         wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
         writer.stop()
         end = current_lsn(db.conninfo)
-        wait_for(lambda: stream.plugin.delivered >= end or stream.error is not None,
-                 timeout=300, what="the writer's changes delivered")
+        try:
+            wait_for(lambda: stream.plugin.delivered >= end or stream.error is not None,
+                     timeout=300, what="the writer's changes delivered")
+        except TimeoutError as e:  # (seen once in CI): say where the stream was
+            raise TimeoutError(f"{e}; {stream_state(stream, end)}") from None
     finally:
         writer.done.set()
         stream.stop()
@@ -218,6 +221,21 @@ def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
     lines = check_batches(db, batches)
     snapshot_batches = {ln["batch"] for ln in lines if ln["op"] == "snapshot"}
     assert len(snapshot_batches) >= 2, "the copy was not split into batches"
+
+
+def stream_state(stream: ForeachBatchStream, end: Any) -> str:
+    """What a ForeachBatchStream's plugin and source hold, and where its thread is."""
+    import traceback
+
+    plugin, source = stream.plugin, stream.source
+    thread = stream._thread
+    frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+    where = "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
+    progress = None if source is None else vars(source.progress)
+    return (f"wanted {end}; delivered {plugin.delivered}, marked {plugin.marked}, "
+            f"{plugin.batch.rows} rows waiting, open transaction {plugin._cur is not None}, "
+            f"{plugin.batches} batches, last {plugin.last_batch}; source {progress}; "
+            f"the stream's thread at:\n{where}")
 
 
 @pytest.mark.parametrize("sink", ["parquet", "delta", "history"])
