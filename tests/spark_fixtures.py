@@ -329,10 +329,12 @@ def new_session(app: str = "pgdecode-tests") -> Any:
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.memory", "1g")
-             # short-lived JVMs: C1 only starts and warms up much faster
+             # one JVM takes every Spark test of a worker: its heap fills up as they go
+             .config("spark.driver.memory", "2g")
+             # short-lived JVMs: C1 only starts and warms up much faster. A driver out of
+             # memory leaves Spark's scheduler hanging: exit instead, so that the test says
              .config("spark.driver.extraJavaOptions",
-                     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
