@@ -313,6 +313,40 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
     check_upserted(db, read_lines(out), TABLES)
 
 
+@pytest.mark.slow
+def test_snapshot_only_cut_short_says_how_to_finish_the_copy(db: Any, env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """``--snapshot only`` killed once its file records tables left: its snapshot is gone,
+    and the rest can only be copied from the slot's stream. Run again, it fails saying to
+    run ``--snapshot initial``, and changes nothing (it used to exit 0 with the tables left
+    missing, and record the copy done). That run finishes the copy: each row once, and
+    upserting the lines gives the tables."""
+    make_tables(db.conninfo)
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    only = [arg if arg != "initial" else "only" for arg in command(db.conninfo, out)]
+    proc = start_cli(only, env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: proc.poll() is not None
+                 or copy_left(progress_of(out).get("incremental")),
+                 timeout=600, interval=0.01, what="a durable record of the copy")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert snapshot_state(out) == (True, False), "the copy was over before the kill"
+    recorded, written = progress_of(out), size(out)
+    result = run_cli(only, env=env, timeout=120)
+    assert result.returncode != 0, result.stderr
+    assert "did not finish" in result.stderr and "--snapshot initial" in result.stderr
+    assert progress_of(out) == recorded and size(out) <= written
+    proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: snapshot_state(out)[1], timeout=600, what="the copy done")
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()[-3000:]
+    assert "going on with the tables left as an incremental snapshot" in stderr.read_text()
+    check_upserted(db, read_lines(out), TABLES)
+
+
 def test_snapshot_needs_a_new_slot(db: Any, env: dict[str, str], tmp_path: Path) -> None:
     result = run_cli(["stream", "-d", db.conninfo, "-S", "s", "--publication", "pub",
                       "--snapshot", "initial"], env=env, timeout=60)

@@ -220,6 +220,16 @@ class WalsenderSource:
             f"{quote_standard_literal(cfg.slot)}")
         if exists and export and any_output_in(self.pipeline, "copying"):
             recorded = recorded_progress(self.pipeline)
+            if recorded is not None and recorded.get("initial") and cfg.snapshot == "only":
+                # What is left goes on from the slot's stream (below), which "only" does not
+                # read: said, rather than a copy that ends short
+                raise SourceError(
+                    f'the initial snapshot with replication slot "{cfg.slot}" did not finish, '
+                    "and its snapshot went with the run that made it: the tables left are "
+                    "copied as an incremental snapshot, which reads the slot's stream, so "
+                    "--snapshot only cannot finish it. Run the same command with --snapshot "
+                    "initial instead (and -E LSN to stop): it finishes the copy, then delivers "
+                    "the changes made since. Nothing was written or acknowledged")
             if recorded is not None and recorded.get("initial"):
                 # Its snapshot went with the run that made it; the slot still streams from
                 # the consistent point: the tables left are copied as an incremental
