@@ -250,21 +250,12 @@ class ForeachBatchPlugin(OutputPlugin):
         With the threshold at 0 for this call, the batch stays Arrow until a job reads it
         (the same rows: only when they are converted differs). The session's own setting is
         back after the call."""
-        from plugin_framework.spark.lazyframe import frame  # (imports pyspark)
+        from plugin_framework.spark.lazyframe import frame, session_setting  # (pyspark)
 
         def make() -> Any:
             # fn's threads may make two batches' frames at once: one setting at a time
-            with _SETTING:
-                conf = self.spark.conf
-                before = conf.get(_LOCAL_RELATION, None)
-                conf.set(_LOCAL_RELATION, "0")
-                try:
-                    return self.spark.createDataFrame(table, self._schema)
-                finally:
-                    if before is None:
-                        conf.unset(_LOCAL_RELATION)
-                    else:
-                        conf.set(_LOCAL_RELATION, before)
+            with _SETTING, session_setting(self.spark, _LOCAL_RELATION, "0"):
+                return self.spark.createDataFrame(table, self._schema)
 
         df = frame(self.spark, make, self._schema)
         remember_rows(df, table)

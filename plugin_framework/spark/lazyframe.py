@@ -14,10 +14,11 @@ plain one there.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
@@ -67,6 +68,21 @@ def frame(spark: Any, make: Callable[[], Any], schema: Any) -> Any:
     if getattr(spark, "_jsparkSession", None) is None:
         return make()
     return LazyFrame(make, spark, schema)
+
+
+@contextlib.contextmanager
+def session_setting(spark: Any, key: str, value: str) -> Iterator[None]:
+    """The session's ``key`` at ``value`` inside the block; as it was (set or not) after."""
+    conf = spark.conf
+    before = conf.get(key, None)
+    conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.unset(key)
+        else:
+            conf.set(key, before)
 
 
 _TASKS_LOGGER = "org.apache.spark.scheduler.TaskSetManager"

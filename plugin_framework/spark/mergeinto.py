@@ -387,16 +387,10 @@ def _one_row_per_key(staged: pa.Table, keys: Sequence[str]) -> pa.Table:
 def _static_overwrite(spark: Any, statement: str) -> None:
     """An INSERT OVERWRITE of the whole table, whatever the session's partition overwrite
     mode (dynamic would keep the partitions no row is written to: a TRUNCATE lost)."""
-    conf = spark.conf
-    before = conf.get(_OVERWRITE_MODE, None)
-    conf.set(_OVERWRITE_MODE, "static")
-    try:
+    from plugin_framework.spark.lazyframe import session_setting
+
+    with session_setting(spark, _OVERWRITE_MODE, "static"):
         spark.sql(statement)
-    finally:
-        if before is None:
-            conf.unset(_OVERWRITE_MODE)
-        else:
-            conf.set(_OVERWRITE_MODE, before)
 
 
 def _fingerprint(rows: Sequence[dict[str, Any]], query: str | None) -> dict[str, Any]:
