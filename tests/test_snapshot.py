@@ -56,11 +56,17 @@ TABLES = [("public", "big"), ("public", "part")]
 ROWS = 200_000
 
 
+# A value stored out of line (TOAST): 9,600 characters no compression shortens, so that the
+# copy reads it from the TOAST table and the stream's updates that leave it alone omit it
+TOASTED = "(SELECT string_agg(md5({seed}::text || i), '') FROM generate_series(1, 300) i)"
+
+
 def make_tables(conninfo: str, rows: int = ROWS) -> None:
     query(conninfo, f"""
         CREATE TABLE big (id int PRIMARY KEY, n numeric, a int[], t text, note text);
+        ALTER TABLE big ALTER COLUMN t SET STORAGE EXTERNAL;  -- out of line, uncompressed
         INSERT INTO big SELECT g, g * 1.5, ARRAY[g, NULL, -g],
-            CASE WHEN g % 997 = 0 THEN repeat(md5(g::text), 300) ELSE 'r' || g END,
+            CASE WHEN g % 997 = 0 THEN {TOASTED.format(seed="g")} ELSE 'r' || g END,
             CASE WHEN g % 3 = 0 THEN NULL ELSE 'x' || g END
           FROM generate_series(1, {rows}) g;
         CREATE TABLE part (id int PRIMARY KEY, v text) PARTITION BY RANGE (id);
@@ -93,10 +99,13 @@ class Writer(threading.Thread):
                     k = r.randint(1, ROWS)
                     choice = r.randrange(7)
                     if choice == 0:
-                        conn.execute("INSERT INTO big VALUES (%s, 0.1, '{}', repeat('z', %s), "
-                                     "NULL) ON CONFLICT DO NOTHING",
-                                     (10_000_000 + self.ops, r.choice((1, 9000))))
-                    elif choice == 1:
+                        conn.execute("INSERT INTO big VALUES (%s, 0.1, '{}', %s, NULL) "
+                                     "ON CONFLICT DO NOTHING",
+                                     (10_000_000 + self.ops, r.randbytes(r.choice((1, 4500)))
+                                      .hex()))
+                    elif choice == 1:  # half of them of a row with a TOASTed value
+                        if r.random() < 0.5:
+                            k = 997 * r.randint(1, ROWS // 997)
                         conn.execute("UPDATE big SET n = n + 1, note = 'u' WHERE id = %s", (k,))
                     elif choice == 2:  # a key change
                         conn.execute("UPDATE big SET id = id + 20000000 WHERE id = %s", (k,))
@@ -233,7 +242,11 @@ def test_initial_snapshot_then_stream_equals_the_tables(db: Any, env: dict[str, 
     assert during > 0, "the writer changed nothing during the copy"
     log = stderr.read_text()
     assert "initial snapshot done" in log and "snapshot: 2/2 tables, " in log, log
-    check_mirror(db, read_lines(out))
+    lines = read_lines(out)
+    check_mirror(db, lines)
+    # the hard values were there: copied out of line, and left out of updates not setting them
+    assert any(len(ln["new"].get("t") or "") == 9600 for ln in lines if ln["op"] == "snapshot")
+    assert any(ln.get("unchanged_toast") == ["t"] for ln in lines if ln["op"] == "update")
 
 
 def copy_status(state: str | None, left: dict[str, Any] | None) -> tuple[bool, bool]:
@@ -685,10 +698,12 @@ def finish_later(conninfo: str, slot: str, stderr: Path, stop: threading.Event,
 MISSING = "<an unchanged TOAST value the consumer does not have>"
 
 
-def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str, Any]]:
-    """What a consumer that upserts by key ("id") does with one table's lines: an incremental
-    snapshot's rows come after changes of rows it does not have yet (whose unchanged TOAST
-    values it then lacks: MISSING, until a later line of the row carries them)."""
+def apply_upserts(lines: list[dict[str, Any]], table: str,
+                  key: str = "id") -> dict[Any, dict[str, Any]]:
+    """What a consumer that upserts by key (column ``key``) does with one table's lines: an
+    incremental snapshot's rows come after changes of rows it does not have yet (whose
+    unchanged TOAST values it then lacks: MISSING, until a later line of the row carries
+    them)."""
     rows: dict[Any, dict[str, Any]] = {}
     for ln in lines:
         if ln.get("table") != table:
@@ -698,12 +713,12 @@ def apply_upserts(lines: list[dict[str, Any]], table: str) -> dict[Any, dict[str
             rows.clear()
         if op in ("update", "delete"):
             before = ln["old"] if ln["old"] is not None else ln["new"]
-            previous = rows.pop(before["id"], {})
+            previous = rows.pop(before[key], {})
         if op in ("insert", "snapshot", "update"):
             row = dict(ln["new"])
             for column in ln.get("unchanged_toast", []):
                 row[column] = previous.get(column, MISSING)
-            rows[row["id"]] = row
+            rows[row[key]] = row
     return rows
 
 
@@ -775,21 +790,120 @@ def test_incremental_snapshot_keeps_the_toast_values_a_window_leaves_unchanged(
     check_upserted(db, lines)
 
 
+def change_keyed(conninfo: str, stop: threading.Event, seed: int, rows: int) -> None:
+    """Insert, update, change either unique column of (id, code) and delete rows of table
+    "keyed" until ``stop`` (new values far apart, so that no statement fails)."""
+    r = random.Random(seed)
+    statements = ["INSERT INTO keyed VALUES (%(n)s, %(n)s, 'new')",
+                  "UPDATE keyed SET v = 'u' || v WHERE code = %(k)s",
+                  "UPDATE keyed SET id = %(n)s WHERE code = %(k)s",
+                  "UPDATE keyed SET code = %(n)s WHERE code = %(k)s",
+                  "DELETE FROM keyed WHERE code = %(k)s"]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        n = 0
+        while not stop.is_set():
+            conn.execute(r.choice(statements), {"n": 1_000_000 + n, "k": r.randint(1, rows)})
+            n += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("constraints,identity", [
+    # the replica identity index, not the primary key: an update of the primary key alone
+    # sends no old key, so the chunk's row must be matched by the identity's columns
+    ("PRIMARY KEY (id), UNIQUE (code)", "USING INDEX keyed_code_key"),
+    # no primary key: a unique index on NOT NULL columns, the whole old row in the stream
+    ("UNIQUE (code)", "FULL"),
+], ids=["identity-index", "unique-not-null"])
+def test_incremental_snapshot_reads_by_the_key_the_stream_identifies_rows_by(
+        db: Any, env: dict[str, str], tmp_path: Path, constraints: str, identity: str) -> None:
+    """A table keyed otherwise than by its primary key, snapshotted while a writer changes
+    both unique columns: upserting the lines by that key gives the table."""
+    query(db.conninfo, f"""
+        CREATE TABLE keyed (id int NOT NULL, code int NOT NULL, v text, {constraints});
+        ALTER TABLE keyed REPLICA IDENTITY {identity};
+        INSERT INTO keyed SELECT g, g, 'v' || g FROM generate_series(1, 30000) g;
+        CREATE PUBLICATION pub FOR TABLE keyed""")
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    stop = threading.Event()
+    writer = threading.Thread(target=change_keyed, args=(db.conninfo, stop, 6, 30000),
+                              daemon=True)
+    writer.start()
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", "keyed", "--publication", "pub",
+                      "-f", str(out), "--status-interval", "0.2", "--create-slot",
+                      "--snapshot-table", "keyed"], env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: "incremental snapshot of public.keyed done" in stderr.read_text(),
+                 timeout=300, what="the incremental snapshot done")
+        stop.set()
+        writer.join(30)
+        wait_acknowledged_slot(db.conninfo, "keyed", current_lsn(db.conninfo))
+    finally:
+        stop.set()
+        assert stop_process(proc) == 0, stderr.read_text()
+    lines = read_lines(out)
+    assert Counter(ln["op"] for ln in lines)["update"] > 100
+    expected = server_tables(db, [("public", "keyed")], {})[("public", "keyed")]
+    assert apply_upserts(lines, "keyed", "code") == {r["code"]: r for r in expected}
+    assert "incremental snapshot of public.keyed: by code" in stderr.read_text()
+
+
 @pytest.mark.parametrize("table,message", [
-    ("public.nokey", "has no primary key and no replica identity index on NOT NULL columns"),
+    ("public.nokey", "has no primary key, replica identity index or unique index on NOT "
+                     "NULL columns"),
     ("public.elsewhere", "is not in the publications pub"),
 ])
 def test_an_incremental_snapshot_it_cannot_take_is_refused(db: Any, env: dict[str, str],
                                                            tmp_path: Path, table: str,
                                                            message: str) -> None:
     make_tables(db.conninfo, rows=10)
-    query(db.conninfo, "CREATE TABLE nokey (a int, b text); ALTER PUBLICATION pub ADD TABLE nokey;"
+    # (a unique index on a column that may be NULL is no key)
+    query(db.conninfo, "CREATE TABLE nokey (a int UNIQUE, b text); "
+                       "ALTER PUBLICATION pub ADD TABLE nokey;"
                        "CREATE TABLE elsewhere (id int PRIMARY KEY)")
     result = run_cli(["stream", "-d", db.conninfo, "-S", "refuse", "--publication", "pub",
                       "-f", str(tmp_path / "out"), "--create-slot", "--snapshot-table", table,
                       "--no-reconnect"], env=env, timeout=120)
     assert result.returncode == 1, result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("table,publication,message", [
+    ("public.nokey", None, "has no primary key, replica identity index or unique index on NOT "
+                           "NULL columns"),
+    ("public.elsewhere", None, "no publication publishes the table"),
+    ("public.elsewhere", "pub", "is not in the publications pub"),
+    ("public.nosuch", None, "there is no such table"),
+    ("public.Big", None, "there is no such table"),
+])
+def test_pgdecode_snapshot_refuses_a_table_the_stream_could_not_take(
+        db: Any, env: dict[str, str], table: str, publication: str | None,
+        message: str) -> None:
+    """Checked as the stream checks it, before anything is asked: exit 1 saying why, and
+    no request in the slot's stream (the one good table asked with it is not asked
+    either)."""
+    make_tables(db.conninfo, rows=10)
+    query(db.conninfo, "CREATE TABLE nokey (a int UNIQUE, b text); "
+                       "ALTER PUBLICATION pub ADD TABLE nokey;"
+                       "CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    assert run_cli(["slot", "create", "-d", db.conninfo, "-S", "asked"], env=env,
+                   timeout=60).returncode == 0
+    extra = ["--publication", publication] if publication else []
+    result = run_cli(["snapshot", "-d", db.conninfo, "-S", "asked", "--table", "public.big",
+                      "--table", table, *extra], env=env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and result.stdout == ""
+
+    def requests() -> list[tuple[Any, ...]]:
+        query(db.conninfo, "CHECKPOINT")  # the WAL flushed: a peek reads no further
+        return query(db.conninfo, """
+            SELECT count(*) FROM pg_logical_slot_peek_binary_changes('asked', NULL, NULL,
+              'proto_version', '1', 'publication_names', 'pub', 'messages', 'true')
+            WHERE substr(data, 1, 1) = 'M'::bytea""")
+
+    assert requests() == [(0,)]
+    good = run_cli(["snapshot", "-d", db.conninfo, "-S", "asked", "--table", "public.big"],
+                   env=env, timeout=60)
+    assert good.returncode == 0 and requests() == [(1,)], good.stderr
 
 
 @pytest.mark.slow
@@ -855,10 +969,11 @@ def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
 
 def test_a_request_for_a_table_it_cannot_take_leaves_the_stream_running(
         db: Any, env: dict[str, str], tmp_path: Path) -> None:
-    """`pgdecode snapshot --table` with a table that is not published: the running stream
-    says why and goes on streaming."""
+    """`pgdecode snapshot --table` with a table that another publication publishes, not the
+    stream's: the running stream says why and goes on streaming."""
     make_tables(db.conninfo, rows=10)
-    query(db.conninfo, "CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    query(db.conninfo, "CREATE TABLE elsewhere (id int PRIMARY KEY); "
+                       "CREATE PUBLICATION other FOR TABLE elsewhere")
     out, stderr = tmp_path / "out", tmp_path / "stderr"
     proc = start_cli(["stream", "-d", db.conninfo, "-S", "asked", "--publication", "pub",
                       "-f", str(out), "--status-interval", "0.2", "--create-slot"],

@@ -59,7 +59,11 @@ from plugin_framework.sources.errors import (
     explain,
     invalidated_advice,
 )
-from plugin_framework.sources.incremental import request_snapshot
+from plugin_framework.sources.incremental import (
+    qualified_name,
+    request_snapshot,
+    snapshot_table,
+)
 from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
 from plugin_framework.sources.snapshot import published_tables
@@ -211,8 +215,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
 
 
 def mirror_keys(args: argparse.Namespace) -> dict[str, list[str]]:
-    """The published tables' keys, as the catalog has them now (the primary key, else the
-    replica identity index; none where the publication leaves a key column out), for the
+    """The published tables' keys, as the catalog has them now (those a snapshot reads them
+    by: docs/snapshot.md; none where the publication leaves a key column out), for the
     sinks to key REPLICA IDENTITY FULL tables by (TableSink's ``keys``)."""
     try:
         with psycopg.connect(args.dbname or "", autocommit=True) as conn:
@@ -396,7 +400,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Ask the stream reading the slot for an incremental snapshot of each --table (a
     message it reads from its slot; docs/snapshot.md). The slot must exist: the stream that
-    reads it (now or later) takes the snapshot."""
+    reads it (now or later) takes the snapshot. Each table is checked first as the stream
+    checks it, against --publication (else every publication that publishes it): nothing is
+    asked for if one cannot be taken."""
     if not args.slot:
         raise UsageError("a slot is required: -S SLOT")
     try:
@@ -405,11 +411,32 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                 raise SourceError(f'replication slot "{args.slot}" does not exist: the '
                                   "snapshot is asked of the stream that reads it")
             for table in args.table:
+                snapshot_table(conn, table, args.publication or publishing(conn, table))
+            for table in args.table:
                 lsn = request_snapshot(conn, args.slot, table)
                 print(f"asked for an incremental snapshot of {table} at {lsn}")
     except psycopg.Error as exc:
         raise explain(exc, args.dbname or "", args.slot) from None
     return 0
+
+
+def publishing(conn: psycopg.Connection[Any], table: str) -> list[str]:
+    """The publications that publish the table (none: SourceError)."""
+    name = qualified_name(table)
+    schema, _, rel = name.rpartition(".")
+    if not conn.execute("SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = %s AND c.relname = %s", (schema, rel)).fetchall():
+        raise SourceError(f"incremental snapshot of {name}: there is no such table (names "
+                          "are as the catalog spells them: SCHEMA.TABLE, case included)")
+    rows = conn.execute("SELECT pubname FROM pg_publication_tables "
+                        "WHERE schemaname = %s AND tablename = %s ORDER BY pubname",
+                        (schema, rel)).fetchall()
+    if not rows:
+        raise SourceError(
+            f"incremental snapshot of {name}: no publication publishes the table: add it to "
+            "the stream's (ALTER PUBLICATION ... ADD TABLE) first, so that the stream carries "
+            "its changes")
+    return [pubname for pubname, in rows]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     connection_args(p)
     p.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
                    help="the published table to copy into the stream (repeatable)")
+    p.add_argument("--publication", action="append", metavar="NAME",
+                   help="the stream's publications, to check each table against (default: "
+                        "every publication that publishes it; repeatable)")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("-v", "--verbose", action="store_true")
 

@@ -48,6 +48,7 @@ from plugin_framework.protocol import (
 )
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.snapshot import (
+    NO_KEY,
     Key,
     Range,
     TableCopy,
@@ -475,26 +476,8 @@ class IncrementalSnapshot:
                 f"incremental snapshot of {name}: this stream's values are in binary format "
                 "(--binary), and the chunks' keys are matched with the stream's as text: "
                 "take it from a stream without --binary")
-        conn = self._connection()
-        tables = {t.qualified: t for t in published_tables(conn, self.publications)}
-        qualified = qualified_name(name)
-        copy = tables.get(qualified)
-        if copy is None:
-            raise SourceError(
-                f"incremental snapshot of {qualified}: the table is not in the publications "
-                f"{', '.join(self.publications)}: add it (ALTER PUBLICATION ... ADD TABLE) "
-                "first, so that the stream carries its changes")
-        if not copy.key:  # (snapshot.describe: NOT NULL key columns only)
-            raise SourceError(
-                f"incremental snapshot of {qualified}: the table has no primary key and no "
-                "replica identity index on NOT NULL columns, so it cannot be read in key "
-                "order: add a primary key")
-        missing = [k for k in copy.key if k not in copy.columns]
-        if missing:
-            raise SourceError(
-                f"incremental snapshot of {qualified}: the publication's column list leaves "
-                f"out key column {missing[0]}")
-        log.info("incremental snapshot of %s: by %s", qualified, ", ".join(copy.key))
+        copy = snapshot_table(self._connection(), name, self.publications)
+        log.info("incremental snapshot of %s: by %s", copy.qualified, ", ".join(copy.key))
         return _Table(copy)
 
     def _read_chunk(self, table: _Table) -> Window:
@@ -519,6 +502,29 @@ class IncrementalSnapshot:
                            (PREFIX, json.dumps({"chunk": chunk_id, "mark": mark}))).fetchone()
         assert row is not None
         return LSN(row[0])
+
+
+def snapshot_table(conn: psycopg.Connection[Any], name: str,
+                   publications: Sequence[str]) -> TableCopy:
+    """The table as an incremental snapshot reads it, from the publications (their row
+    filters and column lists); SourceError saying why it cannot be taken."""
+    qualified = qualified_name(name)
+    copy = {t.qualified: t for t in published_tables(conn, publications)}.get(qualified)
+    if copy is None:
+        raise SourceError(
+            f"incremental snapshot of {qualified}: the table is not in the publications "
+            f"{', '.join(publications)}: add it (ALTER PUBLICATION ... ADD TABLE) first, so "
+            "that the stream carries its changes")
+    if not copy.key:  # (snapshot.describe: NOT NULL key columns only)
+        raise SourceError(
+            f"incremental snapshot of {qualified}: the table has {NO_KEY}, so it cannot be "
+            "read in key order: add a primary key")
+    missing = [k for k in copy.key if k not in copy.columns]
+    if missing:
+        raise SourceError(
+            f"incremental snapshot of {qualified}: the publication's column list leaves out "
+            f"key column {missing[0]}")
+    return copy
 
 
 def _key(values: Sequence[Any]) -> Key:

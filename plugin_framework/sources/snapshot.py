@@ -82,9 +82,9 @@ class TableCopy:
     types: list[Type] = field(default_factory=list)
     rows_estimate: int = 0  # pg_class.reltuples (of its partitions, for a root)
     size: int = 0  # bytes of its heap (of its partitions, for a root)
-    # the key it is read in order of: the primary key, else the replica identity index, if
-    # all NOT NULL (none: read unordered, and an interrupted copy cannot resume; nor if the
-    # column list leaves a key column out: see ``ordered``)
+    # the key it is read in order of (_KEY_SQL), if all NOT NULL (none: read unordered, and
+    # an interrupted copy cannot resume; nor if the column list leaves a key column out: see
+    # ``ordered``)
     key: list[str] = field(default_factory=list)
     key_types: list[str] = field(default_factory=list)
 
@@ -146,13 +146,26 @@ FROM pg_class c
 WHERE c.oid = %(relid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(relid)s::regclass))
 """
 
+NO_KEY = "no primary key, replica identity index or unique index on NOT NULL columns"
+
+# The key a table is read in order of: its replica identity index (always in the stream's
+# old tuples), else its primary key, else its smallest unique index on NOT NULL columns (not
+# partial, no expressions); its key columns only (not INCLUDE's)
 _KEY_SQL = """
 WITH ix AS (
-    SELECT indkey FROM pg_index WHERE indrelid = %(relid)s AND (indisprimary OR indisreplident)
-    ORDER BY indisprimary DESC LIMIT 1)
+    SELECT (i.indkey::int2[])[0:i.indnkeyatts - 1] AS cols FROM pg_index i
+    WHERE i.indrelid = %(relid)s AND i.indisunique AND i.indisvalid
+      AND i.indpred IS NULL AND i.indexprs IS NULL
+    ORDER BY i.indisreplident DESC, i.indisprimary DESC,
+             (SELECT bool_and(a.attnotnull) FROM pg_attribute a
+              WHERE a.attrelid = i.indrelid
+                AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])) DESC,
+             i.indnkeyatts, i.indexrelid
+    LIMIT 1)
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
-FROM ix JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = ANY(ix.indkey)
-ORDER BY array_position(ix.indkey::int2[], a.attnum)
+FROM ix CROSS JOIN LATERAL unnest(ix.cols) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = k.attnum
+ORDER BY k.n
 """
 
 _TYPES_SQL = """

@@ -67,6 +67,7 @@ from plugin_framework.sources.session import (
 )
 from plugin_framework.sources.slots import create_replication_slot_command
 from plugin_framework.sources.snapshot import (
+    NO_KEY,
     CopyLedger,
     SnapshotCopy,
     any_output_in,
@@ -299,9 +300,9 @@ class WalsenderSource:
                 raise SourceError(
                     f'--snapshot: output plugin "{m.plugin.name}" delivers the copy in '
                     "batches it cannot take back, so the copy must be able to go on after an "
-                    f"interruption; {', '.join(tables)} cannot (no primary key and no replica "
-                    "identity index on NOT NULL columns to copy in order). Give the table a "
-                    "primary key, or leave it out of the publication for the copy. The slot "
+                    f"interruption; {', '.join(tables)} cannot ({NO_KEY} to copy in order). "
+                    "Give the table a primary key, or leave it out of the publication for the "
+                    "copy. The slot "
                     "made for it was dropped again")
 
     def _take_snapshot(self) -> bool:

@@ -44,7 +44,7 @@ from plugin_framework.sources.incremental import (
     qualified_name,
 )
 from plugin_framework.sources.session import highest_proto_version
-from plugin_framework.sources.snapshot import Key, key_text, published_tables
+from plugin_framework.sources.snapshot import NO_KEY, Key, key_text, published_tables
 from plugin_framework.spark.source_options import SourceOptions
 
 log = logging.getLogger("pgdecode.spark.source")
@@ -68,9 +68,9 @@ def initial_progress(conn: psycopg.Connection[Any], opts: SourceOptions) -> dict
                 f'snapshotTables: {name} is not in the publications {", ".join(opts.publications)}')
         if not table.ordered:
             raise SourceError(
-                f"the snapshot of {name} cannot be taken by the pgoutput source: it has no "
-                "primary key (or replica identity index on NOT NULL columns) in the published "
-                "columns, so it cannot be copied in key order and go on after an interruption. "
+                f"the snapshot of {name} cannot be taken by the pgoutput source: it has "
+                f"{NO_KEY} in the published columns, so it cannot be copied in key order and "
+                "go on after an interruption. "
                 'Add a primary key, or leave it out with .option("snapshotTables", ...)')
     return {"slot": opts.slot, "queue": names, "done": [], "after": {}, "starts": names}
 
