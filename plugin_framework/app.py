@@ -241,8 +241,7 @@ def build_pipeline(emitters: EmitterChoice | Sequence[PlannedEmitter], *,
             publication_filters.close()
         raise
     if publication_filters is not None:
-        pipeline.change_filter = publication_filters.as_change_filter()
-        pipeline.raw_change_filter = publication_filters.raw_filter_for
+        publication_filters.install(pipeline)
         pipeline.truncate_filter = publication_filters.truncate_filter
     return Assembly(pipeline, publication_filters)
 

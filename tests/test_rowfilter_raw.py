@@ -195,6 +195,44 @@ def test_verdicts_are_filter_changes(relation: tuple[Any, Relation], expr: str,
                 assert verdict == RAW_UNSURE
 
 
+@SETTINGS
+@given(expr=bool_exprs(), new=tuples(), publish=st.sampled_from([["update"], ["insert"]]))
+def test_snapshot_verdicts_are_the_snapshot_filter_s(relation: tuple[Any, Relation], expr: str,
+                                                    new: TupleData, publish: list[str]) -> None:
+    """A snapshot's row (an Insert message) through ``raw_snapshot_filter_for``: the decision
+    of ``filter_snapshot_row`` wherever C gives one, under the row filter whatever the
+    publication publishes (a table sync copies the rows of one that publishes no INSERT)."""
+    db, rel = relation
+    try:
+        filters = PublicationFilters.from_spec(db.conninfo, {"public.rf": expr},
+                                               publish=publish)
+    except RowFilterError:
+        return
+    with filters:
+        try:
+            raw = filters.raw_snapshot_filter_for(rel)
+        except RowFilterError:
+            return
+        if raw is None:
+            return
+        change = new_change(Action.INSERT, rel, Row(rel, new), None, False, LSN(1), None)
+        try:
+            out = filters.filter_snapshot_row(change)
+        except RowFilterError:
+            return
+        expected = "drop" if out is None else "pass" if out is change else "altered"
+        if publish == ["update"]:  # as a change, an INSERT is not published
+            assert filters.filter_change(change) is None
+        verdict = raw.verdict(encode(Insert(rel.relation_id, new)))
+        SEEN[f"copy {verdict}:{expected}"] += 1
+        if verdict == RAW_PASS:
+            assert expected == "pass", (expr, new)
+        elif verdict == RAW_DROP:
+            assert expected == "drop", (expr, new)
+        else:
+            assert verdict == RAW_UNSURE
+
+
 def _row(**values: bytes | None) -> TupleData:
     texts = [values.get(name) for name, _ in COLUMNS]
     return TupleData(b"".join(b"n" if v is None else b"t" for v in texts), tuple(texts))

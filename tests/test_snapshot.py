@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonmirror import apply, ordered, server_tables
 from jsonschema import Draft202012Validator
+from pgtest import create_database, drop_database
 from psycopg import sql
 from recorders import with_fast_path
 from streamkit import (
@@ -419,6 +420,96 @@ def test_the_copy_follows_the_publications_row_filters_and_column_lists(
     wanted_c = [{"id": r["id"], "shown": r["shown"]} for r in expected["public", "c"]]
     assert ordered(list(rebuilt["public", "c"].values())) == ordered(wanted_c)
     assert (slot_row(db.conninfo, "filtered") or {}).get("active") is False  # stopped
+
+
+SYNCED = """
+    CREATE TABLE f (id int PRIMARY KEY, owner text, amount numeric);
+    CREATE TABLE c (id int PRIMARY KEY, secret text, shown int);
+    CREATE TABLE part_lo (id int PRIMARY KEY, v text);
+    CREATE TABLE part_hi (id int PRIMARY KEY, v text);
+    CREATE TABLE pr (id int PRIMARY KEY, v text);
+"""
+
+
+def test_the_copy_equals_what_a_subscriber_s_table_sync_copies(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """A real subscription (another database of the same server, copy_data) to three
+    publications: one table filtered by two of them, one of which publishes only UPDATE
+    (table sync copies whatever ``publish`` says); a column list; a partitioned table
+    published as its partitions, another through its root. Our copy of the same
+    publications equals what the subscriber's table sync wrote; so does the copy of an
+    unfiltered publication under the same filters read by --filters-from-publication
+    (client-side); and one under --row-filter and --column-list equals SELECT with them."""
+    if db.cluster.major_version < 15:
+        pytest.skip("row filters and column lists need PostgreSQL 15")
+    query(db.conninfo, """
+        CREATE TABLE f (id int PRIMARY KEY, owner text, amount numeric);
+        INSERT INTO f SELECT g, CASE WHEN g % 2 = 0 THEN 'alice' ELSE 'bob' END, g / 3.0
+          FROM generate_series(1, 1000) g;
+        CREATE TABLE c (id int PRIMARY KEY, secret text, shown int);
+        INSERT INTO c SELECT g, 'pw' || g, g FROM generate_series(1, 300) g;
+        CREATE TABLE part (id int PRIMARY KEY, v text) PARTITION BY RANGE (id);
+        CREATE TABLE part_lo PARTITION OF part FOR VALUES FROM (MINVALUE) TO (100);
+        CREATE TABLE part_hi PARTITION OF part FOR VALUES FROM (100) TO (MAXVALUE);
+        INSERT INTO part SELECT g, 'p' || g FROM generate_series(1, 250) g;
+        CREATE TABLE pr (id int PRIMARY KEY, v text) PARTITION BY LIST (id);
+        CREATE TABLE pr_odd PARTITION OF pr FOR VALUES IN (1, 3, 5, 7);
+        CREATE TABLE pr_even PARTITION OF pr FOR VALUES IN (2, 4, 6, 8);
+        INSERT INTO pr SELECT g, 'r' || g FROM generate_series(1, 8) g;
+        CREATE PUBLICATION p1 FOR TABLE f WHERE (owner = 'alice' AND id < 500), c (id, shown),
+          part;
+        CREATE PUBLICATION p2 FOR TABLE f WHERE (amount > 300) WITH (publish = 'update');
+        CREATE PUBLICATION p3 FOR TABLE pr WITH (publish_via_partition_root = true);
+        CREATE PUBLICATION everything FOR TABLE f, c;
+    """)
+    subscriber = create_database(db.cluster)
+    try:
+        query(subscriber.conninfo, SYNCED)
+        query(db.conninfo, "SELECT pg_create_logical_replication_slot('sync', 'pgoutput')")
+        # (its slot made apart: a subscription to its own server cannot make it)
+        query(subscriber.conninfo, sql.SQL(
+            "CREATE SUBSCRIPTION sync CONNECTION {} PUBLICATION p1, p2, p3 "
+            "WITH (create_slot = false, slot_name = 'sync')").format(
+                sql.Literal(db.conninfo)).as_string(None))
+        try:
+            wait_for(lambda: query(subscriber.conninfo, "SELECT count(*) FILTER (WHERE "
+                                   "srsubstate NOT IN ('r', 's')), count(*) "
+                                   "FROM pg_subscription_rel") == [(0, 5)],
+                     timeout=120, what="the subscriber's table sync")
+        finally:
+            query(subscriber.conninfo, "ALTER SUBSCRIPTION sync DISABLE; "
+                                       "ALTER SUBSCRIPTION sync SET (slot_name = NONE); "
+                                       "DROP SUBSCRIPTION sync")
+        synced = server_tables(subscriber, [("public", t) for t in
+                                            ("f", "c", "part_lo", "part_hi", "pr")], {})
+        synced["public", "c"] = [{"id": r["id"], "shown": r["shown"]}
+                                 for r in synced["public", "c"]]
+    finally:
+        drop_database(subscriber)
+
+    def copy(name: str, *options: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out = tmp_path / name
+        result = run_cli(["stream", "-d", db.conninfo, "-S", name, "-f", str(out),
+                          "--create-slot", "--snapshot", "only", *options], env=env,
+                         timeout=300)
+        assert result.returncode == 0, result.stderr
+        lines = read_lines(out)
+        assert lines and {ln["op"] for ln in lines} == {"snapshot"}
+        return {table: ordered(list(rows.values())) for table, rows in apply(lines).items()}
+
+    expected = {table: ordered(rows) for table, rows in synced.items()}
+    assert copy("server", "--publication", "p1", "--publication", "p2",
+                "--publication", "p3") == expected
+    assert copy("client", "--publication", "everything", "--filters-from-publication", "p1",
+                "--filters-from-publication", "p2") == {
+        t: rows for t, rows in expected.items() if t[1] in ("f", "c")}
+    by_hand = copy("by_hand", "--publication", "everything",
+                   "--row-filter", "public.f:(id % 3 = 0 OR id = 7)",
+                   "--column-list", "public.c:id,shown")
+    rows = server_tables(db, [("public", "f")], {})["public", "f"]
+    assert by_hand == {
+        ("public", "f"): ordered([r for r in rows if r["id"] % 3 == 0 or r["id"] == 7]),
+        ("public", "c"): expected["public", "c"]}
 
 
 @pytest.mark.parametrize("emitter", ["text", "wal2json"])

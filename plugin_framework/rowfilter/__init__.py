@@ -1,8 +1,7 @@
 """Row filters and column lists, as PostgreSQL publications apply them, for any pipeline.
 
     >>> filters = PublicationFilters.from_publication(conninfo, "p1")
-    >>> pipeline.change_filter = filters.as_change_filter()
-    >>> pipeline.raw_change_filter = filters.raw_filter_for  # optional: the same, in C
+    >>> filters.install(pipeline)  # its changes and its snapshots' rows
 
 or written by hand::
 

@@ -18,7 +18,7 @@ from plugin_framework.rowfilter.expression import (
     parse_table_name,
 )
 from plugin_framework.rowfilter.pgcatalog import TypeCatalog
-from plugin_framework.rowfilter.spec import DML, PublicationSpec, TableRule
+from plugin_framework.rowfilter.spec import COPY, DML, PublicationSpec, TableRule
 from plugin_framework.rowfilter.tables import CatalogTable, Tables
 
 log = logging.getLogger("pgdecode.rowfilter")
@@ -31,7 +31,9 @@ class RelationPlan:
     table: CatalogTable  # the relation the changes are made to
     publish_as: CatalogTable  # the relation they are published as (the root, via the root)
     actions: frozenset[str]
-    filters: dict[str, list[FilterExpression] | None]  # per DML operation; None: unfiltered
+    # per DML operation, and for the rows of a snapshot (COPY), the filters to OR; None:
+    # unfiltered
+    filters: dict[str, list[FilterExpression] | None]
     columns: tuple[str, ...] | None  # the column list; None: every column
 
 
@@ -259,7 +261,7 @@ class PublicationPlans:
                     publish_as, level, rel_pubs = pub_rel, alevel, []
                 rel_pubs.append(pub)
         plan: RelationPlan | None = None
-        if actions:
+        if rel_pubs:  # (publishing no operation, it still has its rows copied)
             plan = RelationPlan(table, publish_as, frozenset(actions),
                                 self._row_filters(rel_pubs, publish_as),
                                 self._column_list(rel_pubs, publish_as))
@@ -268,24 +270,27 @@ class PublicationPlans:
 
     def _row_filters(self, pubs: list[PublicationSpec],
                      rel: CatalogTable) -> dict[str, list[FilterExpression] | None]:
-        """pgoutput_row_filter_init: per operation, the filters to OR, or None."""
-        no_filter = dict.fromkeys(DML, False)
-        filters: dict[str, list[FilterExpression]] = {a: [] for a in DML}
+        """pgoutput_row_filter_init: per operation, the filters to OR, or None. And under
+        COPY, those of a table synchronization's copy (tablesync.c): of every publication,
+        whatever it publishes (its ``publish`` is for changes only)."""
+        kinds = (*DML, COPY)
+        no_filter = dict.fromkeys(kinds, False)
+        filters: dict[str, list[FilterExpression]] = {a: [] for a in kinds}
         for pub in pubs:
             rule = None
             if not pub.all_tables and rel.schema not in pub.schemas:
                 rule = pub.rule(rel)
             if rule is None or rule.row_filter is None:
-                for a in DML:
-                    no_filter[a] |= a in pub.publish
+                for a in kinds:
+                    no_filter[a] |= a in pub.publish or a == COPY
                 if all(no_filter.values()):
                     break
                 continue
             expr = self.expression(pub, rule, rel)
-            for a in DML:
-                if a in pub.publish and not no_filter[a]:
+            for a in kinds:
+                if (a in pub.publish or a == COPY) and not no_filter[a]:
                     filters[a].append(expr)
-        return {a: None if no_filter[a] or not filters[a] else filters[a] for a in DML}
+        return {a: None if no_filter[a] or not filters[a] else filters[a] for a in kinds}
 
     def _column_list(self, pubs: list[PublicationSpec],
                      rel: CatalogTable) -> tuple[str, ...] | None:

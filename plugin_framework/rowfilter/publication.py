@@ -31,6 +31,7 @@ from plugin_framework.rowfilter.plans import PublicationPlans, RelationPlan
 from plugin_framework.rowfilter.raw import RawFilter, raw_filter, raw_program
 from plugin_framework.rowfilter.spec import (
     ALL_ACTIONS,
+    COPY,
     DML,
     PublicationSpec,
     TableRule,
@@ -85,6 +86,7 @@ class _Compiled:
     positions: tuple[int, ...] | None  # the columns to deliver, from the incoming relation
     old_is_key: bool | None  # when publishing as another relation: its identity kind
     raw: RawFilter | None = None  # the same decisions on raw messages, where C makes them
+    raw_copy: RawFilter | None = None  # those on a snapshot's rows (Insert messages)
 
 
 class PublicationFilters(PublicationPlans):
@@ -178,6 +180,14 @@ class PublicationFilters(PublicationPlans):
         """For ``Pipeline.change_filter``."""
         return self.filter_change
 
+    def install(self, pipeline: Any) -> None:
+        """Filter the pipeline's changes, and its snapshots' rows, as the publications do:
+        ``filter_change`` and ``filter_snapshot_row``, and their raw forms in C."""
+        pipeline.change_filter = self.filter_change
+        pipeline.raw_change_filter = self.raw_filter_for
+        pipeline.snapshot_change_filter = self.filter_snapshot_row
+        pipeline.raw_snapshot_change_filter = self.raw_snapshot_filter_for
+
     def raw_filter_for(self, relation: Relation) -> RawFilter | None:
         """For ``Pipeline.raw_change_filter``: ``filter_change``'s decisions for the
         relation's changes taken on their raw messages, before they are decoded (raw.py), or
@@ -187,6 +197,13 @@ class PublicationFilters(PublicationPlans):
         if entry is None:  # not published: nothing of it is delivered
             return raw_filter(relation.relation_id, len(relation.columns), (), {})
         return entry.raw
+
+    def raw_snapshot_filter_for(self, relation: Relation) -> RawFilter | None:
+        """``raw_filter_for``, of ``filter_snapshot_row``."""
+        entry = self._for_relation(relation)
+        if entry is None:
+            return raw_filter(relation.relation_id, len(relation.columns), (), {})
+        return entry.raw_copy
 
     def _for_relation(self, relation: Relation) -> _Compiled | None:
         entry = self._compiled.get(id(relation))
@@ -226,7 +243,7 @@ class PublicationFilters(PublicationPlans):
         where = f'table "{table.qualified_name}"'
         positions = relation.index
         predicates: dict[str, Callable[[Row, Row | None], bool] | None] = {}
-        for action in DML:
+        for action in (*DML, COPY):
             exprs = plan.filters.get(action)
             if not exprs:
                 predicates[action] = None
@@ -267,15 +284,21 @@ class PublicationFilters(PublicationPlans):
             keep = [i for i, c in enumerate(out.columns) if c.name in plan.columns]
             cols = tuple(cols[i] for i in keep) if cols is not None else tuple(keep)
             out = self._project(out, tuple(keep))
-        raw = self._raw_filter(relation, plan) if out is relation else None
-        return _Compiled(plan, predicates, out, cols, old_is_key, raw)
+        raw = raw_copy = None
+        if out is relation:
+            raw = self._raw_filter(relation, plan.filters, DML, plan.actions)
+            raw_copy = self._raw_filter(relation, {"insert": plan.filters[COPY]}, ("insert",),
+                                        ("insert",))
+        return _Compiled(plan, predicates, out, cols, old_is_key, raw, raw_copy)
 
     @staticmethod
-    def _raw_filter(relation: Relation, plan: RelationPlan) -> RawFilter | None:
-        """The relation's filters as C programs, when every one of them has one."""
+    def _raw_filter(relation: Relation, filters: Mapping[str, list[Any] | None],
+                    actions: Sequence[str], published: Iterable[str]) -> RawFilter | None:
+        """The relation's filters of ``actions`` as C programs, when every one of them has
+        one."""
         programs: dict[str, tuple[Any, ...] | None] = {}
-        for action in DML:
-            exprs = plan.filters.get(action)
+        for action in actions:
+            exprs = filters.get(action)
             if not exprs:
                 programs[action] = None
                 continue
@@ -283,7 +306,7 @@ class PublicationFilters(PublicationPlans):
             if any(p is None for p in compiled):
                 return None
             programs[action] = tuple(compiled)
-        return raw_filter(relation.relation_id, len(relation.columns), sorted(plan.actions),
+        return raw_filter(relation.relation_id, len(relation.columns), sorted(published),
                           programs)
 
     def _check_identity_offline(self, table: CatalogTable) -> None:
@@ -371,6 +394,20 @@ class PublicationFilters(PublicationPlans):
                     elif old_match and not new_match:
                         change = replace(change, action=Action.DELETE, new=None)
         return self._deliver(change, entry, new_data)
+
+    def filter_snapshot_row(self, change: Change) -> Change | None:
+        """A snapshot's row (an INSERT) as a table synchronization copies it, or None: under
+        the row filters of every publication of the table, ORed, whatever operations they
+        publish, and its column list."""
+        entry = self._for_relation(change.relation)
+        if entry is None:
+            return None
+        predicate = entry.predicates[COPY]
+        if predicate is not None:
+            assert change.new is not None
+            if not predicate(change.new, None):
+                return None
+        return self._deliver(change, entry, None)
 
     def _deliver(self, change: Change, entry: _Compiled,
                  new_data: TupleData | None) -> Change:

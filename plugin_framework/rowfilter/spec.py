@@ -16,6 +16,7 @@ from plugin_framework.rowfilter.expression import (
 from plugin_framework.rowfilter.tables import CatalogTable
 
 DML = ("insert", "update", "delete")
+COPY = "copy"  # a snapshot's rows: copied whatever ``publish`` says, as tablesync.c does
 ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
 
 

@@ -90,6 +90,11 @@ class ReorderBufferState:
         # for a relation: always ask. Row filters build one (rowfilter/raw.py) so that the
         # changes they pass go from the raw message to the plugins' formatters undecoded.
         self.raw_change_filter: Callable[[Relation], Any] | None = None
+        # The same two for a snapshot's rows (``snapshot_rows``), where they differ: a table
+        # synchronization copies rows under other rules than changes (rowfilter: COPY). None:
+        # change_filter and raw_change_filter.
+        self.snapshot_change_filter: Callable[[Change], Change | None] | None = None
+        self.raw_snapshot_change_filter: Callable[[Relation], Any] | None = None
         # TRUNCATE is never filtered by row, but a publication's publish options and its
         # tables decide which relations of a TRUNCATE are delivered: the relations left, or
         # none (then no truncate callback runs).

@@ -440,7 +440,14 @@ class Pipeline(Streams, TwoPhase):
         self._on_relation(relation, lsn, None)  # described first, as the stream does
         if first:  # before the plugins' begin, which the rows bring about
             txn.snapshot_starts = self.relations[relation.relation_id]
-        self._feed_inserts(relation.relation_id, list(inserts), lsn)
+        filters = self.change_filter, self.raw_change_filter
+        if self.snapshot_change_filter is not None:
+            self.change_filter = self.snapshot_change_filter
+            self.raw_change_filter = self.raw_snapshot_change_filter
+        try:
+            self._feed_inserts(relation.relation_id, list(inserts), lsn)
+        finally:
+            self.change_filter, self.raw_change_filter = filters
         state = self._current("snapshot rows")
         self._txn = None
         for i in state.live:
