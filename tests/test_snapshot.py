@@ -676,6 +676,34 @@ def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: An
     assert slot_row(db.conninfo, "refused") is None
 
 
+class SlowToStart(JsonEmitter):
+    """A plugin whose startup takes a while (a Spark session's does: seconds)."""
+
+    def startup(self, ctx: Any, options: Any, is_init: bool) -> None:
+        time.sleep(1.5)
+        super().startup(ctx, options, is_init)
+
+
+def test_the_copy_outlives_the_server_s_idle_in_transaction_timeout(
+        db: Any, tmp_path: Path) -> None:
+    """The copy's connections hold the exported snapshot in a transaction that is idle
+    while the plugins start (and while other workers copy): a database that ends such
+    transactions after half a second (idle_in_transaction_session_timeout) does not end
+    theirs, and the copy is whole."""
+    make_tables(db.conninfo, rows=3000)
+    query(db.conninfo, sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout "
+                               "= '500ms'").format(sql.Identifier(db.dbname)).as_string(None))
+    pipeline = Pipeline()
+    pipeline.add(SlowToStart(), output=FileOutput(tmp_path / "out"))
+    config = SourceConfig(conninfo=db.conninfo, slot="idle", publications=["pub"],
+                          create_slot=True, snapshot="only", reconnect=False,
+                          snapshot_workers=3)
+    WalsenderSource(config, pipeline).run()
+    pipeline.shutdown()
+    copied = Counter(ln["table"] for ln in read_lines(tmp_path / "out"))
+    assert copied == {"big": 3000, "part": 300}
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.text(), st.one_of(st.none(), st.text()),

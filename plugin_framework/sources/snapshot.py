@@ -168,6 +168,9 @@ JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = k.attnum
 ORDER BY k.n
 """
 
+_NO_TIMEOUTS = ("SET statement_timeout = 0; SET lock_timeout = 0; "
+                "SET idle_in_transaction_session_timeout = 0")
+
 _TYPES_SQL = """
 SELECT t.oid, CASE WHEN n.nspname = 'pg_catalog' THEN '' ELSE n.nspname END, t.typname
 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%s)
@@ -289,6 +292,9 @@ class SnapshotCopy:
             for _ in range(max(1, workers)):
                 conn = psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
                 self.connections.append(conn)
+                # As pg_dump does: a copy may take hours, and its transaction is idle while
+                # the plugins start and once its worker is done
+                conn.execute(_NO_TIMEOUTS)
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(snapshot_name)))
