@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -44,6 +45,7 @@ from emitters.json import JsonEmitter
 from emitters.text import TestDecodingEmitter
 from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.cli.status import StatusLine
 from plugin_framework.protocol import Decoder
 from plugin_framework.sources import snapshot
 from plugin_framework.sources.errors import SourceError
@@ -702,6 +704,102 @@ def test_the_copy_outlives_the_server_s_idle_in_transaction_timeout(
     pipeline.shutdown()
     copied = Counter(ln["table"] for ln in read_lines(tmp_path / "out"))
     assert copied == {"big": 3000, "part": 300}
+
+
+class SlowChunks(JsonEmitter):
+    """A plugin that takes a while over each snapshot chunk (a transaction), so that the
+    status line can be read while a copy runs."""
+
+    def commit(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
+        super().commit(ctx, txn, commit_lsn)
+        if txn.is_snapshot:
+            time.sleep(0.3)
+
+
+def status_lines(db: Any, tmp_path: Path, name: str, pattern: str, **config: Any) -> str:
+    """Run a source into a SlowChunks plugin until its status line matches ``pattern``;
+    that line."""
+    pipeline = Pipeline()
+    pipeline.add(SlowChunks(), output=FileOutput(tmp_path / name))
+    source = WalsenderSource(SourceConfig(conninfo=db.conninfo, slot=name, publications=["pub"],
+                                          create_slot=True, reconnect=False,
+                                          status_interval=0.2, **config), pipeline)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            source.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    status = StatusLine(source)
+    line = ""
+
+    def matched() -> bool:
+        nonlocal line
+        line = status.line()
+        return bool(errors) or re.search(pattern, line) is not None
+
+    try:
+        try:
+            wait_for(matched, timeout=60, interval=0.05, what="the status line")
+        except TimeoutError:
+            raise AssertionError(f"the status line was {line!r}, not like {pattern!r}") from None
+        assert not errors, errors
+        return line
+    finally:
+        source.request_stop()
+        thread.join(60)
+        pipeline.shutdown()
+
+
+def test_the_status_line_says_how_far_a_snapshot_is(db: Any, tmp_path: Path) -> None:
+    """During the initial copy the status line is the copy's progress (tables, rows of the
+    server's estimate, MB/s, ETA); during an incremental snapshot the stream's line says
+    how far the table is."""
+    make_tables(db.conninfo, rows=60_000)
+    query(db.conninfo, "ANALYZE big, part")  # the estimates the ETA is from
+    line = status_lines(db, tmp_path, "initial", r"^snapshot: [01]/2 tables, [\d,]+ of "
+                        r"~6\d,\d{3} rows, [\d.]+ MB/s, ETA \d+ s$", snapshot="initial")
+    assert "received" not in line
+    status_lines(db, tmp_path, "later", r"^received .* incremental snapshot of public\.big: "
+                 r"0/1 tables, [1-9][\d,]* of ~6\d,\d{3} rows, [\d.]+ MB/s, ETA \d+ s$",
+                 snapshot_tables=["public.big"])
+
+
+def test_json_logs_carry_the_snapshot_s_figures(db: Any, env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """--log-format json: a snapshot's progress lines (each table copied, the end; every 10
+    seconds in between) carry its figures under "snapshot", for the initial copy and for
+    an incremental snapshot."""
+    make_tables(db.conninfo, rows=20_000)
+    query(db.conninfo, "ANALYZE big, part")
+    only = [*command(db.conninfo, tmp_path / "out")[:-1], "only", "--log-format", "json"]
+    result = run_cli(only, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    logs = [json.loads(line) for line in result.stderr.splitlines()]
+    copied = [e for e in logs if e["message"].startswith("copied ")]
+    assert [e["snapshot"]["tables_done"] for e in copied] == [1, 2]
+    end = next(e["snapshot"] for e in logs if e["message"].startswith("initial snapshot done"))
+    assert end["rows"] == end["rows_estimate"] == 22_000 and end["tables"] == 2
+    assert end["done"] is True and end["eta_s"] is None and end["table"] is None
+    assert end["bytes"] > 22_000 * 10 and end["rows_per_s"] > 0 and end["elapsed_s"] >= 0
+
+    stderr = tmp_path / "stderr"
+    proc = start_cli(["stream", "-d", db.conninfo, "-S", "snap", "--publication", "pub", "-f",
+                      str(tmp_path / "again"), "--snapshot-table", "public.part",
+                      "--log-format", "json"], env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: "incremental snapshot of public.part done" in stderr.read_text(),
+                 what="the incremental snapshot done")
+    finally:
+        assert stop_process(proc) == 0, stderr.read_text()
+    done = next(json.loads(line)["snapshot"] for line in stderr.read_text().splitlines()
+                if "incremental snapshot of public.part done" in line)
+    assert done["table"] == "public.part" and done["rows"] == 2_000
+    assert done["tables"] == done["tables_done"] == 1 and done["rows_estimate"] == 2_000
 
 
 @settings(max_examples=25, deadline=None,

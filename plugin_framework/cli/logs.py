@@ -12,9 +12,18 @@ class JsonLogFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {"time": self.formatTime(record), "level": record.levelname.lower(),
                  "logger": record.name, "message": record.getMessage()}
+        for key in EXTRA_FIELDS:  # logged with extra={key: ...}
+            value = getattr(record, key, None)
+            if value is not None:
+                entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
+
+
+# What a log record may carry besides its message, as a JSON log line's fields: a snapshot's
+# progress (sources.session.SnapshotProgress.fields)
+EXTRA_FIELDS = ("snapshot",)
 
 
 def setup_logging(args: argparse.Namespace) -> None:

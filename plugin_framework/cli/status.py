@@ -9,9 +9,10 @@ from typing import Any
 
 
 class StatusLine:
-    """A one-line live status on a terminal's stderr: positions, lag, rates, and what each
+    """A one-line live status on a terminal's stderr: positions, lag, rates, what each
     plugin says of itself (its ``status_note`` property, if it has one: the spark emitter's
-    batches)."""
+    batches), and how far an incremental snapshot is; during the initial copy (before the
+    stream), how far that is."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
@@ -37,8 +38,9 @@ class StatusLine:
         """The status now, with the rates since the last call."""
         p = self.source.progress
         pipeline = self.source.pipeline
-        if p.snapshot is not None and not p.snapshot.done:
-            return str(p.snapshot.describe()) + ("" if p.connected else " (reconnecting)")
+        state = "" if p.connected else " (reconnecting)"
+        if p.snapshot is not None and not p.snapshot.done:  # the stream waits for the copy
+            return str(p.snapshot.describe()) + state
         now = time.monotonic()
         then, txns, changes = self._last
         dt = max(now - then, 1e-6)
@@ -48,6 +50,8 @@ class StatusLine:
         lag_s = max(0.0, time.time() - p.server_time) if p.server_time else 0.0
         notes = "".join(f"  {note}" for m in pipeline.members
                         if (note := getattr(m.plugin.plugin, "status_note", None)))
-        state = "" if p.connected else " (reconnecting)"
+        incremental = getattr(self.source, "incremental_progress", None)
+        if incremental is not None:
+            notes += f"  {incremental.describe()}"
         return (f"received {p.received}  acked {p.acked}  lag {p.lag_bytes} B / {lag_s:.1f} s  "
                 f"{rate_t:.0f} txn/s  {rate_c:.0f} changes/s{notes}{state}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from plugin_framework.protocol import (
     encode,
 )
 from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.session import PROGRESS_INTERVAL, SnapshotProgress
 from plugin_framework.sources.snapshot import (
     NO_KEY,
     Key,
@@ -154,6 +156,11 @@ class IncrementalSnapshot:
         self.starts: list[str] = []
         self.asked: set[str] = set()  # tables a request message asked for
         self._conn: psycopg.Connection[Any] | None = None
+        # how far the table under way is (the last one's, once done), for the status line and
+        # the logs; and the tables done since this object was made
+        self.figures: SnapshotProgress | None = None
+        self._finished = 0
+        self._last_log = time.monotonic()
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -162,6 +169,8 @@ class IncrementalSnapshot:
         if table not in self.queue and (self.current is None
                                         or self.current.copy.qualified != table):
             self.queue.append(table)
+            if self.figures is not None and not self.figures.done:
+                self.figures.tables += 1
             self._note_progress()
 
     @property
@@ -289,6 +298,10 @@ class IncrementalSnapshot:
         keep += self._made_whole(window, table)
         assert table.copy.relation is not None
         table.rows += len(keep)
+        progress = self.figures
+        if progress is not None:
+            progress.rows += len(keep)
+            progress.bytes += sum(map(len, keep))
         if window.keys:
             table.after = window.keys[-1]
         finished = len(window.inserts) < self.chunk_rows
@@ -298,12 +311,21 @@ class IncrementalSnapshot:
         if finished:
             self.current = None
             self.done.append(table.copy.qualified)
+            self._finished += 1
         self._note_progress()  # recorded with the chunk's mark, below
         self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, keep, lsn,
                                     _now(), mark=True)
         if finished:
+            fields = None
+            if progress is not None:
+                progress.tables_done += 1
+                progress.done = True
+                fields = progress.fields()
             log.info("incremental snapshot of %s done: %d rows", table.copy.qualified,
-                     table.rows)
+                     table.rows, extra={"snapshot": fields})
+        elif progress is not None and time.monotonic() - self._last_log >= PROGRESS_INTERVAL:
+            self._last_log = time.monotonic()
+            progress.log(log)
 
     def _made_whole(self, window: Window, table: _Table) -> list[bytes]:
         """Rows of the chunk that the window's changes left to the stream, and whose last
@@ -436,6 +458,9 @@ class IncrementalSnapshot:
             log.error("%s; the request is dropped", exc)
             self._note_progress()
             return False
+        self.figures = SnapshotProgress(
+            tables=self._finished + 1 + len(self.queue), tables_done=self._finished,
+            rows_estimate=self.current.copy.rows_estimate, table=self.current.copy.qualified)
         self.current.after = self.resume_after.pop(name, None)
         ranges = self.resume_ranges.pop(name, None)
         if ranges:

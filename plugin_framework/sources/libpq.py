@@ -1,6 +1,7 @@
-"""psycopg's copy of libpq, bound to the C COPY reader (``_copyrow.read_messages``).
+"""COPY ... TO STDOUT through psycopg's copy of libpq (``copy_out``), and that library bound
+to the C COPY reader (``_copyrow.read_messages``).
 
-The initial snapshot reads COPY rows through libpq (snapshot.py, ``copy_out``). Read from
+The snapshots read COPY rows through libpq (``copy_out``, for snapshot.py). Read from
 Python, each row costs a call of psycopg's ``get_copy_data`` and its result objects, all under
 the GIL, which the pipeline's thread needs at the same time. ``read_messages`` makes the same
 libpq calls from C with the GIL released. It must call the very library psycopg loaded: the
@@ -15,14 +16,22 @@ copy_out reads from Python, as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import re
+import select
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from psycopg import pq
+import psycopg
+from psycopg import pq, sql
+from psycopg.abc import Buffer
+
+from plugin_framework.sources.replication import failed_result
 
 try:
     from plugin_framework.sources import _copyrow
@@ -70,3 +79,100 @@ def copy_reader_bound() -> bool:
         log.debug("COPY rows read from Python: cannot bind %s (%s)", path, exc)
         return False
     return True
+
+
+# _copyrow.read_messages with head and ncols given: (pgconn_ptr, max_rows) -> (rows, status)
+ReadRows = Callable[[int, int], tuple[list[bytes], int]]
+
+
+def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable,
+             convert: Callable[[Buffer], bytes], chunk_rows: int,
+             read: ReadRows | None = None) -> Iterator[list[bytes]]:
+    """Run ``statement``, a COPY ... TO STDOUT, on ``conn`` and yield ``convert`` of each
+    row (one CopyData message) in lists of ``chunk_rows``, then the rest (always, maybe
+    empty; so only the last list is short). ``read``: the C reader that makes this loop's
+    libpq calls and conversions with the GIL released (``_copyrow.read_messages``, bound to
+    psycopg's libpq: libpq.py); its ``convert`` is the same C code.
+
+    Through libpq (psycopg.pq, psycopg's documented low-level interface), as the replication
+    stream is read (replication.py): psycopg's ``Copy.read`` waits through a generator for
+    every row, which cost as much as the rest of the row's way; this waits only when libpq
+    has no whole row buffered. Errors are psycopg's (``psycopg.errors`` by SQLSTATE). Left
+    early (the consumer stops), the rest of the COPY is read and dropped, as psycopg's Copy
+    does, so that the connection can be used again."""
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.as_bytes(conn))
+    result = _next_result(pgconn)
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        _drain_results(pgconn)
+        raise _error(pgconn, result)
+    get = pgconn.get_copy_data
+    rows: list[bytes] = []
+    append = rows.append
+    done = False
+    # the PGconn's address (psycopg's PGconn has it, its abc does not; None once closed)
+    ptr: int | None = getattr(pgconn, "pgconn_ptr", None)
+    if ptr is None:
+        read = None
+    try:
+        while read is not None and ptr is not None:
+            rows, status = read(ptr, chunk_rows)
+            if status < 0:  # -1: the COPY is over; -2: libpq failed (as below)
+                break
+            yield rows
+        while read is None:
+            nbytes, data = get(1)
+            if nbytes > 0:
+                append(convert(data))
+                if len(rows) >= chunk_rows:
+                    yield rows
+                    rows = []
+                    append = rows.append
+            elif nbytes == 0:
+                _wait(pgconn)
+            else:  # -1: the COPY is over; -2: libpq failed (its result says why)
+                break
+        done = True
+        result = _next_result(pgconn)
+        _drain_results(pgconn)
+        if result is None or result.status != pq.ExecStatus.COMMAND_OK:
+            raise _error(pgconn, result)
+    finally:
+        if not done:
+            with contextlib.suppress(psycopg.Error, OSError):
+                while (nbytes := get(1)[0]) >= 0:
+                    if nbytes == 0:
+                        _wait(pgconn)
+                _drain_results(pgconn)
+    yield rows
+
+
+def _wait(pgconn: pq.abc.PGconn) -> None:
+    """Until the server sends more (psycopg's wait, without its generator)."""
+    select.select([pgconn.socket], [], [])
+    pgconn.consume_input()
+
+
+def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    while pgconn.is_busy():
+        _wait(pgconn)
+    return pgconn.get_result()
+
+
+def _drain_results(pgconn: pq.abc.PGconn) -> None:
+    while _next_result(pgconn) is not None:
+        pass
+
+
+def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Error:
+    """The psycopg exception for a failed result (its SQLSTATE's class), or for libpq's
+    error (a lost connection)."""
+    failed = failed_result(result)
+    if failed is not None:
+        message, code = failed
+        try:
+            return psycopg.errors.lookup(code or "")(message)
+        except KeyError:
+            return psycopg.DatabaseError(message)
+    message = pgconn.get_error_message().strip()
+    return psycopg.OperationalError(message or "the COPY ended without a result")

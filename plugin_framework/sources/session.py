@@ -100,9 +100,14 @@ class SourceConfig:
     heartbeat: float | None = None
 
 
+PROGRESS_INTERVAL = 10.0  # seconds between a snapshot's progress logs
+
+
 @dataclass
 class SnapshotProgress:
-    """How far the initial snapshot is (docs/snapshot.md)."""
+    """How far a snapshot is (docs/snapshot.md): the initial copy, or an incremental
+    snapshot's table under way (``table``). The status line shows ``describe``; the logs
+    carry ``fields`` (``--log-format json``: under "snapshot")."""
 
     tables: int = 0  # to copy
     rows_estimate: int = 0  # the server's statistics (pg_class.reltuples)
@@ -111,18 +116,36 @@ class SnapshotProgress:
     bytes: int = 0  # of the rows, as pgoutput would send them
     started: float = field(default_factory=time.monotonic)
     done: bool = False
+    table: str | None = None  # an incremental snapshot's table (None: the initial copy)
 
-    def describe(self) -> str:
-        """e.g. "snapshot: 2/5 tables, 1,200,000 of ~3,000,000 rows, 24.1 MB/s, ETA 40 s"."""
+    def fields(self) -> dict[str, Any]:
+        """The figures, as JSON logs carry them: the rates since the start, the ETA (None:
+        not known) from the rows left of the estimate."""
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = self.rows / elapsed
-        text = (f"snapshot: {self.tables_done}/{self.tables} tables, {self.rows:,} of "
-                f"~{max(self.rows_estimate, self.rows):,} rows, "
-                f"{self.bytes / elapsed / 1e6:.1f} MB/s")
         left = self.rows_estimate - self.rows
-        if rate > 0 and left > 0 and not self.done:
-            text += f", ETA {left / rate:.0f} s"
+        eta = round(left / rate) if rate > 0 and left > 0 and not self.done else None
+        return {"table": self.table, "tables": self.tables, "tables_done": self.tables_done,
+                "rows": self.rows, "rows_estimate": max(self.rows_estimate, self.rows),
+                "bytes": self.bytes, "rows_per_s": round(rate),
+                "mb_per_s": round(self.bytes / elapsed / 1e6, 1),
+                "elapsed_s": round(elapsed, 1), "eta_s": eta, "done": self.done}
+
+    def describe(self) -> str:
+        """e.g. "snapshot: 2/5 tables, 1,200,000 of ~3,000,000 rows, 24.1 MB/s, ETA 40 s";
+        for an incremental snapshot "incremental snapshot of public.t: ..."."""
+        f = self.fields()
+        what = "snapshot" if self.table is None else f"incremental snapshot of {self.table}"
+        text = (f"{what}: {f['tables_done']}/{f['tables']} tables, {f['rows']:,} of "
+                f"~{f['rows_estimate']:,} rows, {f['mb_per_s']:.1f} MB/s")
+        if f["eta_s"] is not None:
+            text += f", ETA {f['eta_s']} s"
         return text
+
+    def log(self, logger: logging.Logger, message: str | None = None) -> None:
+        """Log where it is (after ``message``), with its fields."""
+        text = self.describe() if message is None else f"{message}: {self.describe()}"
+        logger.info("%s", text, extra={"snapshot": self.fields()})
 
 
 @dataclass

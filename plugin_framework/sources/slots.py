@@ -7,8 +7,15 @@ from typing import Any
 
 import psycopg
 
-from plugin_framework.pgtypes import quote_ident_always
+from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
 from plugin_framework.protocol import LSN
+from plugin_framework.sources.errors import (
+    ConnectionLost,
+    SlotUnusable,
+    SourceError,
+    invalidated_advice,
+)
+from plugin_framework.sources.replication import ReplicationStream
 
 
 @dataclass(frozen=True)
@@ -117,3 +124,41 @@ def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bo
                 f"({', '.join(options)})")
     return (f"CREATE_REPLICATION_SLOT {quote_ident_always(name)}{temp} LOGICAL pgoutput "
             + ("EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"))
+
+
+def check_slot(repl: ReplicationStream, slot: str, *, temporary: bool,
+               previous_pid: int | None) -> tuple[bool, LSN | None]:
+    """That the slot can be streamed from on this replication connection (it exists, is a
+    pgoutput slot of this database, was not invalidated, and no other consumer holds it),
+    else SourceError saying what to do. Returns its two_phase and confirmed_flush_lsn.
+    ``previous_pid``: the walsender of our last connection, which may not be gone yet."""
+    why_lost = "invalidation_reason" if repl.conn.info.server_version >= 170000 else "NULL"
+    rows = repl.command(
+        "SELECT plugin, database, wal_status, active_pid, confirmed_flush_lsn::text, "
+        f"{why_lost}, two_phase FROM pg_replication_slots "
+        f"WHERE slot_name = {quote_standard_literal(slot)}")
+    if not rows:
+        raise SlotUnusable(
+            f'replication slot "{slot}" does not exist: create it with `pgdecode slot '
+            f"create -S {slot} ...` or pass --create-slot")
+    plugin, database, wal_status, pid, confirmed, reason, two_phase = rows[0]
+    if plugin != "pgoutput":
+        raise SourceError(
+            f'replication slot "{slot}" uses output plugin "{plugin}"; pgdecode reads '
+            "pgoutput slots: create one with `pgdecode slot create`")
+    if database != repl.conn.info.dbname:
+        raise SourceError(
+            f'replication slot "{slot}" belongs to database "{database}", not '
+            f'"{repl.conn.info.dbname}": connect to that database with -d')
+    if wal_status == "lost":
+        why = f" ({reason})" if reason else ""
+        raise SlotUnusable(
+            f'replication slot "{slot}" was invalidated{why} and cannot be used '
+            f"again: {invalidated_advice(slot, reason)}")
+    if pid is not None and not temporary:
+        if pid == previous_pid:  # our own previous walsender, not yet gone: try again shortly
+            raise ConnectionLost(f'replication slot "{slot}" is still active for PID {pid}')
+        raise SourceError(
+            f'replication slot "{slot}" is active for PID {pid}: another consumer is '
+            "reading it; stop it, or use another slot (each consumer needs its own)")
+    return bool(two_phase), LSN(confirmed) if confirmed else None

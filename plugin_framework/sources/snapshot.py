@@ -25,7 +25,6 @@ import contextlib
 import itertools
 import logging
 import queue
-import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +32,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from psycopg import pq, sql
-from psycopg.abc import Buffer
+from psycopg import sql
 
 from plugin_framework.protocol import (
     Decoder,
@@ -46,8 +44,7 @@ from plugin_framework.protocol import (
     encode,
 )
 from plugin_framework.sources.errors import SourceError
-from plugin_framework.sources.libpq import copy_reader_bound
-from plugin_framework.sources.replication import failed_result
+from plugin_framework.sources.libpq import copy_out, copy_reader_bound
 
 try:
     from plugin_framework.sources import _copyrow
@@ -62,8 +59,6 @@ SPLIT_BYTES = 8 << 20
 SAMPLE_BLOCKS = 100  # blocks of such a table sampled for the keys it is split at
 Key = tuple[bytes | None, ...]  # a row's key columns, as pgoutput's text sends them
 Range = tuple[Key | None, Key | None]  # the rows after a key up to a key (None: no bound)
-# _copyrow.read_messages with head and ncols given: (pgconn_ptr, max_rows) -> (rows, status)
-ReadRows = Callable[[int, int], tuple[list[bytes], int]]
 _FIRST_NORMAL_OID = 16384  # types below are built in: pgoutput sends no Type message
 _NULL, _TEXT = ord("n"), ord("t")
 
@@ -143,7 +138,8 @@ _ESTIMATE_SQL = """
 SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples > 0), 0)::bigint,
        COALESCE(sum(pg_relation_size(c.oid)), 0)::bigint
 FROM pg_class c
-WHERE c.oid = %(relid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(relid)s::regclass))
+WHERE (c.oid = %(relid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(relid)s::regclass)))
+  AND c.relkind <> 'p'  -- (ANALYZE gives a partitioned table its partitions' count too)
 """
 
 NO_KEY = "no primary key, replica identity index or unique index on NOT NULL columns"
@@ -419,99 +415,6 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
                 yield Chunk(table, inserts, False)
                 inserts = []
     yield Chunk(table, inserts, True)
-
-
-def copy_out(conn: psycopg.Connection[Any], statement: sql.Composable,
-             convert: Callable[[Buffer], bytes], chunk_rows: int,
-             read: ReadRows | None = None) -> Iterator[list[bytes]]:
-    """Run ``statement``, a COPY ... TO STDOUT, on ``conn`` and yield ``convert`` of each
-    row (one CopyData message) in lists of ``chunk_rows``, then the rest (always, maybe
-    empty; so only the last list is short). ``read``: the C reader that makes this loop's
-    libpq calls and conversions with the GIL released (``_copyrow.read_messages``, bound to
-    psycopg's libpq: libpq.py); its ``convert`` is the same C code.
-
-    Through libpq (psycopg.pq, psycopg's documented low-level interface), as the replication
-    stream is read (replication.py): psycopg's ``Copy.read`` waits through a generator for
-    every row, which cost as much as the rest of the row's way; this waits only when libpq
-    has no whole row buffered. Errors are psycopg's (``psycopg.errors`` by SQLSTATE). Left
-    early (the consumer stops), the rest of the COPY is read and dropped, as psycopg's Copy
-    does, so that the connection can be used again."""
-    pgconn = conn.pgconn
-    pgconn.send_query(statement.as_bytes(conn))
-    result = _next_result(pgconn)
-    if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        _drain_results(pgconn)
-        raise _error(pgconn, result)
-    get = pgconn.get_copy_data
-    rows: list[bytes] = []
-    append = rows.append
-    done = False
-    # the PGconn's address (psycopg's PGconn has it, its abc does not; None once closed)
-    ptr: int | None = getattr(pgconn, "pgconn_ptr", None)
-    if ptr is None:
-        read = None
-    try:
-        while read is not None and ptr is not None:
-            rows, status = read(ptr, chunk_rows)
-            if status < 0:  # -1: the COPY is over; -2: libpq failed (as below)
-                break
-            yield rows
-        while read is None:
-            nbytes, data = get(1)
-            if nbytes > 0:
-                append(convert(data))
-                if len(rows) >= chunk_rows:
-                    yield rows
-                    rows = []
-                    append = rows.append
-            elif nbytes == 0:
-                _wait(pgconn)
-            else:  # -1: the COPY is over; -2: libpq failed (its result says why)
-                break
-        done = True
-        result = _next_result(pgconn)
-        _drain_results(pgconn)
-        if result is None or result.status != pq.ExecStatus.COMMAND_OK:
-            raise _error(pgconn, result)
-    finally:
-        if not done:
-            with contextlib.suppress(psycopg.Error, OSError):
-                while (nbytes := get(1)[0]) >= 0:
-                    if nbytes == 0:
-                        _wait(pgconn)
-                _drain_results(pgconn)
-    yield rows
-
-
-def _wait(pgconn: pq.abc.PGconn) -> None:
-    """Until the server sends more (psycopg's wait, without its generator)."""
-    select.select([pgconn.socket], [], [])
-    pgconn.consume_input()
-
-
-def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-    while pgconn.is_busy():
-        _wait(pgconn)
-    return pgconn.get_result()
-
-
-def _drain_results(pgconn: pq.abc.PGconn) -> None:
-    while _next_result(pgconn) is not None:
-        pass
-
-
-def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Error:
-    """The psycopg exception for a failed result (its SQLSTATE's class), or for libpq's
-    error (a lost connection)."""
-    failed = failed_result(result)
-    if failed is not None:
-        message, code = failed
-        try:
-            return psycopg.errors.lookup(code or "")(message)
-        except KeyError:
-            return psycopg.DatabaseError(message)
-    message = pgconn.get_error_message().strip()
-    return psycopg.OperationalError(message or "the COPY ended without a result")
 
 
 class CopyLedger:

@@ -41,10 +41,8 @@ from plugin_framework.protocol.framing import (
 from plugin_framework.protocol.lsn import wire_lsn
 from plugin_framework.sources.errors import (
     ConnectionLost,
-    SlotUnusable,
     SourceError,
     explain,
-    invalidated_advice,
 )
 from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
 from plugin_framework.sources.monitor import SlotMonitor
@@ -53,6 +51,7 @@ from plugin_framework.sources.replication import (
     ReplicationStream,
 )
 from plugin_framework.sources.session import (
+    PROGRESS_INTERVAL,
     Progress,
     SnapshotProgress,
     SourceConfig,
@@ -65,7 +64,7 @@ from plugin_framework.sources.session import (
     start_pipeline,
     wal_level_error,
 )
-from plugin_framework.sources.slots import create_replication_slot_command
+from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
     NO_KEY,
     CopyLedger,
@@ -114,6 +113,14 @@ class WalsenderSource:
         self._initial_resumed = False  # an initial copy cut short goes on incrementally
         self._copy_lsn = LSN(0)
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
+
+    @property
+    def incremental_progress(self) -> SnapshotProgress | None:
+        """How far the incremental snapshot under way is (None: none is)."""
+        incremental = self._incremental
+        if incremental is None or incremental.figures is None or incremental.figures.done:
+            return None
+        return incremental.figures
 
     def request_stop(self) -> None:
         """Finish the transaction being delivered, acknowledge, and return from run()."""
@@ -342,15 +349,15 @@ class WalsenderSource:
                 self.progress.changes = pipeline.changes
                 if finished:
                     progress.tables_done += 1
-                    log.info("copied %s", table.qualified)
+                    progress.log(log, f"copied {table.qualified}")
                 now = time.monotonic()
                 unflushed += 1
                 if resumable and (now - last_flush >= 1 or unflushed >= _CHECKPOINT_CHUNKS):
                     last_flush, unflushed = now, 0
                     pipeline.flush()
-                if now - last_log >= 10:
+                if now - last_log >= PROGRESS_INTERVAL:
                     last_log = now
-                    log.info("%s", progress.describe())
+                    progress.log(log)
         except InterruptedError:
             log.info("stopped during the initial snapshot: the next run goes on with it")
             return False
@@ -366,50 +373,16 @@ class WalsenderSource:
         pipeline.flush()
         self._snapshot_pending = False
         progress.done = True
-        log.info("initial snapshot done, consistent with the slot at %s: %s", lsn,
-                 progress.describe())
+        progress.log(log, f"initial snapshot done, consistent with the slot at {lsn}")
         return True
 
     def _check_slot(self, repl: ReplicationStream) -> None:
         cfg = self.config
-        why_lost = "invalidation_reason" if repl.conn.info.server_version >= 170000 else "NULL"
-        rows = repl.command(
-            "SELECT plugin, database, wal_status, active_pid, confirmed_flush_lsn::text, "
-            f"{why_lost}, two_phase FROM pg_replication_slots "
-            f"WHERE slot_name = {quote_standard_literal(cfg.slot)}")
-        if not rows:
-            raise SlotUnusable(
-                f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
-                f"create -S {cfg.slot} ...` or pass --create-slot"
-            )
-        plugin, database, wal_status, pid, confirmed, reason, self._slot_two_phase = rows[0]
-        if plugin != "pgoutput":
-            raise SourceError(
-                f'replication slot "{cfg.slot}" uses output plugin "{plugin}"; pgdecode reads '
-                "pgoutput slots: create one with `pgdecode slot create`"
-            )
-        if database != repl.conn.info.dbname:
-            raise SourceError(
-                f'replication slot "{cfg.slot}" belongs to database "{database}", not '
-                f'"{repl.conn.info.dbname}": connect to that database with -d'
-            )
-        if wal_status == "lost":
-            why = f" ({reason})" if reason else ""
-            raise SlotUnusable(
-                f'replication slot "{cfg.slot}" was invalidated{why} and cannot be used '
-                f"again: {invalidated_advice(cfg.slot, reason)}"
-            )
-        if pid is not None and not cfg.temporary_slot:
-            if pid == self._walsender_pid:
-                # Our own previous walsender, not yet gone: try again shortly.
-                raise ConnectionLost(f'replication slot "{cfg.slot}" is still active for PID {pid}')
-            raise SourceError(
-                f'replication slot "{cfg.slot}" is active for PID {pid}: another consumer is '
-                "reading it; stop it, or use another slot (each consumer needs its own)"
-            )
-        if confirmed:
+        self._slot_two_phase, confirmed = check_slot(
+            repl, cfg.slot, temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+        if confirmed is not None:
             # Never report less than the server has: it would move the slot back.
-            self.progress.acked = max(self.progress.acked, LSN(confirmed))
+            self.progress.acked = max(self.progress.acked, confirmed)
 
     def _close(self) -> None:
         self.pipeline.keepalive = None
