@@ -330,6 +330,42 @@ def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, 
 
 
 @pytest.mark.slow
+def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """The copy's connections are terminated during the copy (a network cut): the run
+    reconnects and goes on after the last chunk it delivered, as a restart would, instead
+    of dropping the slot and copying everything again; cut again, the incremental copy of
+    the rest goes on too. Each row once, and upserting the lines gives the tables."""
+    make_tables(db.conninfo)
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    writer = Writer(db.conninfo, seed=3)
+    proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, "snap"), what="slot created")
+        writer.start()
+        for cut in (1, 2):
+            wait_for(lambda cut=cut: size(out) > cut * 8_000_000
+                     and stderr.read_text().count("reconnecting in") >= cut - 1
+                     and query(db.conninfo, "SELECT count(*) FROM pg_stat_activity "
+                                            "WHERE query LIKE 'COPY (SELECT %%'")[0][0] > 0,
+                     timeout=300, interval=0.01, what="the copy under way")
+            query(db.conninfo, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE query LIKE 'COPY (SELECT %%'")
+        wait_for(lambda: snapshot_state(out)[1], timeout=600, what="the copy done")
+        n = writer.ops
+        wait_for(lambda: writer.ops > n + 200, what="more changes after the copy")
+        writer.stop()
+        wait_acknowledged(db.conninfo, current_lsn(db.conninfo))
+    finally:
+        writer.done.set()
+        assert stop_process(proc) == 0, stderr.read_text()
+    log = stderr.read_text()
+    assert log.count("going on with the tables left as an incremental snapshot") == 1, log
+    assert log.count("reconnecting in") == 2 and "copying again" not in log, log
+    check_upserted(db, read_lines(out), TABLES)
+
+
+@pytest.mark.slow
 def test_snapshot_only_cut_short_says_how_to_finish_the_copy(db: Any, env: dict[str, str],
                                                              tmp_path: Path) -> None:
     """``--snapshot only`` killed once its file records tables left: its snapshot is gone,

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -111,6 +112,10 @@ class WalsenderSource:
         self._copy: SnapshotCopy | None = None
         self._incremental: IncrementalSnapshot | None = None
         self._initial_resumed = False  # an initial copy cut short goes on incrementally
+        # this run's initial copy, as far as delivered (a lost connection in the middle goes
+        # on from there, as a restart goes on from its output's record)
+        self._ledger: CopyLedger | None = None
+        self._copy_record: dict[str, Any] | None = None  # what the copy goes on from
         self._copy_lsn = LSN(0)
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
 
@@ -178,10 +183,11 @@ class WalsenderSource:
                            lambda: repl.command(self._drop_slot_command()),
                            server_lsn=server_lsn)
             self._started = True
-            if self._initial_resumed:
-                # The copy's state goes on in the incremental snapshot's record (kept).
-                self.pipeline.end_snapshot(self.progress.acked)
-                self.pipeline.flush()
+        if self._initial_resumed:
+            # The copy's state goes on in the incremental snapshot's record (kept).
+            self._initial_resumed = False
+            self.pipeline.end_snapshot(self.progress.acked)
+            self.pipeline.flush()
         self._proto = proto
         self.server_version = server_version
         self._walsender_pid = repl.conn.info.backend_pid
@@ -228,6 +234,9 @@ class WalsenderSource:
             f"{quote_standard_literal(cfg.slot)}")
         if exists and export and any_output_in(self.pipeline, "copying"):
             recorded = recorded_progress(self.pipeline)
+            ledger = self._ledger
+            if ledger is not None and ledger.started and cfg.snapshot == "initial":
+                recorded = ledger.record()  # this run's copy, cut short by a lost connection
             if recorded is not None and recorded.get("initial") and cfg.snapshot == "only":
                 # What is left goes on from the slot's stream (below), which "only" does not
                 # read: said, rather than a copy that ends short
@@ -247,6 +256,7 @@ class WalsenderSource:
                             cfg.slot)
                 self._snapshot_pending = False
                 self._initial_resumed = True
+                self._copy_record = recorded
                 return False
             # Made by a run whose copy did not finish, and never streamed from: made again,
             # with a new snapshot, and the copy taken again.
@@ -333,6 +343,8 @@ class WalsenderSource:
         try:
             parts = copy.parts(tables)
             ledger = CopyLedger(self.config.slot, parts, Decoder(self._proto or 1))
+            if resumable:
+                self._ledger = ledger
             for chunk in copy.chunks(parts, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
@@ -499,7 +511,7 @@ class WalsenderSource:
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
                                           self.pipeline, self._proto, binary=cfg.binary)
-        recorded = recorded_progress(self.pipeline)
+        recorded = self._copy_record or recorded_progress(self.pipeline)
         if recorded is not None:
             incremental.resume(recorded)  # where the output's last durable chunk left it
         for table in cfg.snapshot_tables:
