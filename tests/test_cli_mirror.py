@@ -9,6 +9,7 @@ current versions of the history (``--history``). ``pgdecode demo
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,57 @@ def test_mirror_into_parquet_by_default_says_its_batches_on_a_terminal(
     assert stopping and status == 0, text[-3000:]
     assert b"pgdecode: INFO: batch" not in shown, text[-3000:]  # the status line says it
     assert_state_equals_tables(None, db, str(lake))
+
+
+def test_mirror_backfills_a_table_while_it_runs(db: Any, tmp_path: Path) -> None:
+    """A running `pgdecode mirror` (Parquet) made without a snapshot holds none of the rows
+    that predate its slot; `pgdecode snapshot` asks it for one table's, while a writer
+    inserts, updates, changes keys and deletes them: once the snapshot is done and the
+    mirror has every change, the table's state equals SELECT *, and so does that of a table
+    emptied and refilled meanwhile."""
+    import threading
+
+    from spark_fixtures import state_rows, table_columns, table_rows
+    from test_snapshot import change_later
+
+    slot = "mirror_later"
+    with db.connect(autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute(ACCOUNT_ROWS, (1, 300))
+        conn.execute("CREATE TABLE later (id int PRIMARY KEY, v text, n numeric); "
+                     "INSERT INTO later SELECT g, 'v' || g, g FROM generate_series(1, 30000) g")
+    lake, log = tmp_path / "lake", tmp_path / "mirror.log"
+    proc = start_cli(["mirror", "-d", db.conninfo, "-S", slot, "--publication", "spark_pub",
+                      "--to", str(lake), "--create-slot", "--max-delay", "1", "--master",
+                      "local[1]", "--spark-conf", "spark.ui.enabled=false"], stderr_path=log,
+                     new_session=True)
+    stop = threading.Event()
+    writer = threading.Thread(target=change_later, args=(db.conninfo, stop, 7, 30000),
+                              daemon=True)
+    try:
+        wait_for(lambda: db.execute("SELECT active FROM pg_replication_slots WHERE "
+                                    "slot_name = %s", (slot,)) == [(True,)],
+                 timeout=180, what="the mirror streaming")
+        writer.start()
+        db.execute("TRUNCATE accounts")  # (the other table the mirror lacks rows of)
+        db.execute(ACCOUNT_ROWS, (301, 400))
+        asked = run_cli(["snapshot", "-d", db.conninfo, "-S", slot, "--table", "later"])
+        assert asked.returncode == 0, asked.stderr
+        wait_for(lambda: "incremental snapshot of public.later done" in log.read_text()
+                 or proc.poll() is not None, timeout=300, what="the snapshot done")
+        stop.set()
+        writer.join(30)
+        lsn = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+        wait_for(lambda: _confirmed_past(db, slot, lsn) or proc.poll() is not None,
+                 timeout=300, interval=0.5, what="the mirror to catch up")
+    finally:
+        stop.set()
+        status = stop_process(proc, signal.SIGTERM, timeout=120)
+    assert status == 0, log.read_text()[-3000:]
+    assert "incremental snapshot of public.later done" in log.read_text()
+    for table in ("public.later", "public.accounts"):
+        rows = state_rows(None, str(lake), table, table_columns(db, table))
+        assert Counter(rows) == table_rows(db, table), table
 
 
 def test_mirror_keys_full_tables_by_their_primary_key(db: Any) -> None:

@@ -92,7 +92,7 @@ def lines_of(batches: Path) -> list[dict[str, Any]]:
                 "new": None if r["after_json"] is None else loads(r["after_json"]),
                 "old": None if r["before_json"] is None else loads(r["before_json"]),
                 "unchanged_toast": list(r["unchanged_toast"] or []),
-                "xid": r["xid"], "batch": int(path.stem)})
+                "xid": r["xid"], "lsn": r["lsn"], "batch": int(path.stem)})
     return lines
 
 
