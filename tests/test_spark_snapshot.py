@@ -324,8 +324,8 @@ def test_a_resumed_copy_still_starts_each_table_it_had_not_begun(
     stream = make(lambda df, batch_id: kept.__setitem__(
         batch_id, [r.asDict() for r in df.collect()])).start()
 
-    def copied() -> bool:
-        tables = {r["table"] for rows in kept.values() for r in rows}
+    def copied() -> bool:  # (the stream's thread adds batches meanwhile)
+        tables = {r["table"] for rows in list(kept.values()) for r in rows}
         return "later" in tables and not has_work(Checkpoint(tmp_path / "ck").snapshot_progress)
 
     try:
