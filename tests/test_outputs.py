@@ -134,3 +134,37 @@ def test_outputs_opened_before_a_failing_one_are_released(tmp_path: Path) -> Non
                         PlannedEmitter(Quiet(), {}, str(second))])
     FileOutput(first).close()
     assert not Path(f"{first}.progress").exists()  # never used: nothing recorded
+
+
+def test_a_copy_begun_again_takes_back_its_record_with_its_rows(tmp_path: Path) -> None:
+    """An initial copy this process began, then began again (a lost connection under
+    --snapshot only copies again with a new slot): the file is cut back to where the first
+    began, and so is what its progress records, at once; a run killed right then finds a
+    record it can go on from (not one past the file's end, nor the first copy's keys)."""
+    path = tmp_path / "out"
+    written(path, 2)
+    out = FileOutput(path)
+    out.claim("s")
+    before = path.stat().st_size
+    out.begin_snapshot()
+    for n in range(50):
+        out.write(new_record(LSN(0x200), 0, f"copied row {n}".encode()))
+    out.note_incremental({"slot": "s", "initial": True, "after": {"public.t": ["50"]}})
+    out.snapshot_checkpoint()
+    out.flush()
+    copying = json.loads(Path(f"{path}.progress").read_text())
+    assert copying["size"] > before and copying["incremental"]["after"]  # the case is there
+    out.begin_snapshot()  # copied again: "killed" here, before anything more is written
+    progress = json.loads(Path(f"{path}.progress").read_text())
+    assert path.stat().st_size == before
+    assert progress["size"] == before and progress["snapshot"] == "copying"
+    assert "incremental" not in progress
+    # what the next run does with them (a copy of both: this process still holds them)
+    killed = tmp_path / "killed"
+    killed.write_bytes(path.read_bytes())
+    Path(f"{killed}.progress").write_bytes(Path(f"{path}.progress").read_bytes())
+    resumed = FileOutput(killed)
+    resumed.claim("s")
+    assert resumed.resume_incremental is None and resumed.snapshot_state == "copying"
+    resumed.close()
+    out.close()

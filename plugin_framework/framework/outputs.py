@@ -363,8 +363,15 @@ class FileOutput:
         if self._progress is None:
             return
         self._ready()
-        if self.snapshot_state == "copying" and self._snapshot_start is not None:
-            self.rollback_to(self._snapshot_start)  # a copy this process began, cut short
+        start = self._snapshot_start
+        if self.snapshot_state == "copying" and start is not None:
+            # A copy this process began, cut short: taken back whole, and what was recorded
+            # of it with it (a record past the file's end, or of its keys, would mislead the
+            # next run)
+            self.rollback_to(start)
+            self._durable_size = min(self._durable_size, start)
+            self._marked_size = min(self._marked_size, start)
+            self._incremental = self._marked_incremental = None
         self._snapshot_start = self._position()
         self.snapshot_state = "copying"
         self._save_progress(self.durable_lsn, self._durable_size)

@@ -43,9 +43,7 @@ from plugin_framework.protocol import (
     Delete,
     Insert,
     LogicalMessage,
-    TupleData,
     Update,
-    encode,
 )
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.session import PROGRESS_INTERVAL, SnapshotProgress
@@ -61,6 +59,7 @@ from plugin_framework.sources.snapshot import (
     ranges_text,
     row_key,
 )
+from plugin_framework.sources.toasted import Move, Moves, made_whole
 
 log = logging.getLogger("pgdecode.snapshot")
 
@@ -71,7 +70,6 @@ MAX_RETRIES = 20  # reads of one chunk whose window streamed or prepared transac
 _M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
 # Streamed and prepared transactions are not in commit order (see the module's text)
 _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
-_UNCHANGED = ord("u")  # a TupleData column kind: an unchanged TOAST value, not sent
 
 
 
@@ -96,15 +94,15 @@ class Window:
     keys: list[Key]
     open: bool = False  # the low watermark has come by in the stream
     changed: set[Key] = field(default_factory=set)
-    # the table's changes in the window, in order: (old key, new key, new row); an insert
-    # has no old key, a delete no new key or row
-    moves: list[tuple[Key | None, Key | None, TupleData | None]] = \
-        field(default_factory=list)
+    # the table's changes in the window, in order
+    moves: list[Move] = field(default_factory=list)
     dirty: bool = False  # a streamed or prepared transaction crossed it
     # read again for a batch planned again (Spark's source): every row, at the high watermark
     replay: bool = False
     low: LSN | None = None  # the watermarks' places in the WAL (None: not known)
     high: LSN | None = None
+    moved: list[Key] | None = None  # the keys of moved rows read again (toasted.Moves)
+    noted: int = 0  # how many moves were noted before its low watermark (toasted.Moves)
 
     def rewind(self) -> None:
         """The stream is read again from before the low watermark (a peek at a slot)."""
@@ -123,6 +121,8 @@ class _Table:
     ranges: list[Range] = field(default_factory=list)
     rows: int = 0
     retries: int = 0
+    moves: Moves = field(default_factory=Moves)  # rows to read again once its chunks are
+    read_all: bool = False  # its chunks are read (only moved rows may be left)
 
 
 class IncrementalSnapshot:
@@ -132,13 +132,17 @@ class IncrementalSnapshot:
 
     def __init__(self, conninfo: str, slot: str, publications: Sequence[str],
                  pipeline: Pipeline, proto_version: int, chunk_rows: int = CHUNK_ROWS,
-                 binary: bool = False, requests: bool = True) -> None:
+                 binary: bool = False, requests: bool = True,
+                 track_moves: bool = True) -> None:
         # binary: the stream's values are in binary format, which the chunk's text keys
         # cannot be matched with: a snapshot is refused. requests: whether request messages
         # (``pgdecode snapshot``) are taken (a reader that reads the stream again would
         # take one again after it was done)
         self.conninfo, self.slot, self.publications = conninfo, slot, list(publications)
         self.requests = requests
+        # moved rows read again (toasted.Moves; a reader that reads the stream again cannot
+        # replay such reads: Spark's source)
+        self.track_moves = track_moves
         self.pipeline = pipeline
         self.chunk_rows = chunk_rows
         self.binary = binary
@@ -151,6 +155,7 @@ class IncrementalSnapshot:
         # key, or in the ranges left of an initial copy that split it
         self.resume_after: dict[str, Key] = {}
         self.resume_ranges: dict[str, list[Range]] = {}
+        self.resume_moved: dict[str, list[Key]] = {}
         # tables of an initial copy (walsender.py) that no output holds anything of: each
         # one's copy begins at its first chunk's low watermark (``_begin_copy``)
         self.starts: list[str] = []
@@ -211,6 +216,8 @@ class IncrementalSnapshot:
                 self._on_message(message, lsn)
                 return True
             return False
+        if (tag == _U or tag == _D) and self.current is not None and self.track_moves:
+            self._note_move(data)
         window = self.window
         if window is None or not window.open or window.replay:
             return False
@@ -270,6 +277,8 @@ class IncrementalSnapshot:
             return
         if body.get("mark") == "low":
             window.open = True
+            if self.current is not None:  # moves noted from here on are the window's
+                window.noted = self.current.moves.noted
             if window.after is None and window.table in self.starts and not window.replay:
                 self._begin_copy(window.table, lsn)
         elif body.get("mark") == "high" and window.open:
@@ -293,21 +302,29 @@ class IncrementalSnapshot:
                     "it; take it when such transactions are rarer")
             return  # read again at the next step
         table.retries = 0
-        keep = [data for data, key in zip(window.inserts, window.keys, strict=True)
+        kept = [(key, data) for data, key in zip(window.inserts, window.keys, strict=True)
                 if key not in window.changed]
-        keep += self._made_whole(window, table)
+        kept += made_whole(window.moves, dict(zip(window.keys, window.inserts, strict=True)),
+                           table.copy.relid, len(table.copy.columns),
+                           Decoder(self.decoder.proto_version))
+        keep = [data for _, data in kept]
+        table.moves.delivered([key for key, _ in kept], window.noted)
+        if window.moved is not None:  # each read again: given, or the stream has its news
+            table.moves.delivered(window.moved, window.noted)
         assert table.copy.relation is not None
         table.rows += len(keep)
         progress = self.figures
         if progress is not None:
             progress.rows += len(keep)
             progress.bytes += sum(map(len, keep))
-        if window.keys:
-            table.after = window.keys[-1]
-        finished = len(window.inserts) < self.chunk_rows
-        if finished and table.ranges:  # the range's end: the next range
-            table.after, table.upto = table.ranges.pop(0)
-            finished = False
+        if window.moved is None:
+            if window.keys:
+                table.after = window.keys[-1]
+            table.read_all = len(window.inserts) < self.chunk_rows
+            if table.read_all and table.ranges:  # the range's end: the next range
+                table.after, table.upto = table.ranges.pop(0)
+                table.read_all = False
+        finished = table.read_all and not table.moves
         if finished:
             self.current = None
             self.done.append(table.copy.qualified)
@@ -326,48 +343,6 @@ class IncrementalSnapshot:
         elif progress is not None and time.monotonic() - self._last_log >= PROGRESS_INTERVAL:
             self._last_log = time.monotonic()
             progress.log(log)
-
-    def _made_whole(self, window: Window, table: _Table) -> list[bytes]:
-        """Rows of the chunk that the window's changes left to the stream, and whose last
-        change left a TOASTed value out (an update that does not change it: the server does
-        not send it, and the consumer has no earlier version of a row not copied yet). Each
-        is given again, as that change made it, with the values left out taken back along
-        its changes to the row as the chunk read it: a value no change set is the chunk's,
-        else the last one set. Only for rows under a key of the chunk (no later chunk reads
-        them); the others stay as docs/snapshot.md says."""
-        unchanged = _UNCHANGED
-        if not any(new is not None and unchanged in new.kinds for _, _, new in window.moves):
-            return []
-        chunk = dict(zip(window.keys, window.inserts, strict=True))
-        ncols = len(table.copy.columns)
-        decoder = Decoder(self.decoder.proto_version)
-        rows: dict[Key, TupleData] = {}  # each changed row under its key now, as made whole
-        touched: set[Key] = set()  # keys a change had: the chunk's row there is gone
-        left_out: set[Key] = set()  # rows whose last change left a value out
-        for old, new_key, new in window.moves:
-            before = rows.pop(old, None) if old is not None else None
-            if before is None and old is not None and old in chunk and old not in touched:
-                read = decoder.decode(chunk[old])
-                assert isinstance(read, Insert)
-                before = read.new
-            touched.update(k for k in (old, new_key) if k is not None)
-            if new_key is None or new is None:  # deleted
-                continue
-            if len(new) != ncols:  # the table's columns changed in the window: as it is
-                return []
-            if unchanged in new.kinds:
-                left_out.add(new_key)
-            else:
-                left_out.discard(new_key)
-            if unchanged in new.kinds and before is not None:
-                kinds, values = bytearray(new.kinds), list(new.values)
-                for i, kind in enumerate(new.kinds):
-                    if kind == unchanged:
-                        kinds[i], values[i] = before.kinds[i], before.values[i]
-                new = TupleData(bytes(kinds), tuple(values))
-            rows[new_key] = new
-        return [encode(Insert(table.copy.relid, row)) for key, row in rows.items()
-                if key in left_out and key in chunk and unchanged not in row.kinds]
 
     def _begin_copy(self, name: str, lsn: LSN) -> None:
         """The copy of a table of an initial copy begins here, before the first chunk's
@@ -407,6 +382,8 @@ class IncrementalSnapshot:
             state["ranges"] = ranges
         if self.starts:
             state["starts"] = list(self.starts)
+        if table is not None and table.moves:
+            state["moved"] = {table.copy.qualified: [key_text(k) for k in table.moves.keys]}
         return state
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -421,6 +398,8 @@ class IncrementalSnapshot:
                              for name, key in (state.get("after") or {}).items()}
         self.resume_ranges = {str(name): [(_bound(after), _bound(upto)) for after, upto in left]
                               for name, left in (state.get("ranges") or {}).items()}
+        self.resume_moved = {str(name): [_key(key) for key in keys]
+                             for name, keys in (state.get("moved") or {}).items()}
         table = state.get("table")
         names = ([table] if table is not None else []) + list(state.get("queue", []))
         if state.get("initial"):  # an initial copy's record: the tables it had not begun
@@ -462,6 +441,7 @@ class IncrementalSnapshot:
             tables=self._finished + 1 + len(self.queue), tables_done=self._finished,
             rows_estimate=self.current.copy.rows_estimate, table=self.current.copy.qualified)
         self.current.after = self.resume_after.pop(name, None)
+        self.current.moves = Moves(self.resume_moved.pop(name, []))
         ranges = self.resume_ranges.pop(name, None)
         if ranges:
             (self.current.after, self.current.upto), *self.current.ranges = ranges
@@ -506,17 +486,41 @@ class IncrementalSnapshot:
         return _Table(copy)
 
     def _read_chunk(self, table: _Table) -> Window:
+        """The next chunk between its watermarks: the rows after the last key delivered, or,
+        once those are all read, rows moved since that are to be read again."""
         conn = self._connection()
         chunk_id = uuid.uuid4().hex
-        low = self._mark(conn, chunk_id, "low")
         copy = table.copy
-        statement = copy_statement(copy, after=table.after, limit=self.chunk_rows,
-                                   upto=table.upto)
+        moved = table.moves.first(self.chunk_rows) if table.read_all else None
+        if moved:
+            statement = copy_statement(copy, keys=moved)
+        else:
+            statement = copy_statement(copy, after=table.after, limit=self.chunk_rows,
+                                       upto=table.upto)
+        low = self._mark(conn, chunk_id, "low")
         inserts = [i for chunk in copy_chunks(conn, copy, self.chunk_rows + 1,
                                               statement=statement) for i in chunk.inserts]
         high = self._mark(conn, chunk_id, "high")
         return Window(chunk_id, copy.qualified, table.after, inserts,
-                       self._keys(copy, inserts), low=low, high=high)
+                      self._keys(copy, inserts), low=low, high=high, moved=moved or None)
+
+    def _note_move(self, data: bytes) -> None:
+        """An UPDATE or DELETE, maybe of the table under way: what it does to the rows to
+        read again (toasted.Moves)."""
+        table = self.current
+        assert table is not None
+        in_stream = self.pipeline.decoder.in_stream
+        at = 5 if in_stream else 1  # the relation's id, after a streamed change's xid
+        if int.from_bytes(data[at:at + 4], "big") != table.copy.relid:
+            return
+        relation = self.pipeline.relations.get(table.copy.relid)
+        if relation is None or any(k not in relation.index for k in table.copy.key):
+            return
+        self.decoder.in_stream = in_stream
+        message = self.decoder.decode(data)
+        assert isinstance(message, Update | Delete)
+        if table.moves.note(message, [relation.index[k] for k in table.copy.key]):
+            self._note_progress()  # recorded with the next mark: a restart knows it
 
     def _keys(self, copy: TableCopy, inserts: list[bytes]) -> list[Key]:
         decoder = Decoder(self.decoder.proto_version)
@@ -534,7 +538,9 @@ def snapshot_table(conn: psycopg.Connection[Any], name: str,
     """The table as an incremental snapshot reads it, from the publications (their row
     filters and column lists); SourceError saying why it cannot be taken."""
     qualified = qualified_name(name)
-    copy = {t.qualified: t for t in published_tables(conn, publications)}.get(qualified)
+    schema, _, rel = qualified.rpartition(".")
+    found = published_tables(conn, publications, only=(schema, rel))
+    copy = found[0] if found else None
     if copy is None:
         raise SourceError(
             f"incremental snapshot of {qualified}: the table is not in the publications "

@@ -117,7 +117,8 @@ SELECT c.oid, pt.schemaname, pt.tablename, c.relkind = 'p', pt.pubname, {columns
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = ANY(%s)
+WHERE pt.pubname = ANY(%(pubs)s)
+  AND (%(schema)s::name IS NULL OR (pt.schemaname, pt.tablename) = (%(schema)s, %(name)s))
 ORDER BY pt.schemaname, pt.tablename, pt.pubname
 """
 
@@ -164,8 +165,11 @@ JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = k.attnum
 ORDER BY k.n
 """
 
-_NO_TIMEOUTS = ("SET statement_timeout = 0; SET lock_timeout = 0; "
-                "SET idle_in_transaction_session_timeout = 0")
+# As pg_dump does: a copy may take hours, and its transaction is idle while the plugins start
+# and once its worker is done (transaction_timeout: PostgreSQL 17 and later)
+NO_TIMEOUTS = ("SET statement_timeout = 0; SET lock_timeout = 0; "
+               "SET idle_in_transaction_session_timeout = 0")
+NO_TRANSACTION_TIMEOUT = "SET transaction_timeout = 0"
 
 _TYPES_SQL = """
 SELECT t.oid, CASE WHEN n.nspname = 'pg_catalog' THEN '' ELSE n.nspname END, t.typname
@@ -173,13 +177,16 @@ FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%
 """
 
 
-def published_tables(conn: psycopg.Connection[Any],
-                     publications: Sequence[str]) -> list[TableCopy]:
-    """The tables the publications publish, with their combined row filter and column
-    list (PostgreSQL 15 and later have both; before, every row and column)."""
+def published_tables(conn: psycopg.Connection[Any], publications: Sequence[str],
+                     only: tuple[str, str] | None = None) -> list[TableCopy]:
+    """The tables the publications publish (``only``: that one, schema and name, if they
+    do), with their combined row filter and column list (PostgreSQL 15 and later have both;
+    before, every row and column)."""
     modern = conn.info.server_version >= 150000
     columns = "pt.attnames, pt.rowfilter" if modern else "NULL::name[], NULL::text"
-    rows = conn.execute(_TABLES_SQL.format(columns=columns), (list(publications),)).fetchall()
+    only_schema, only_name = only or (None, None)
+    rows = conn.execute(_TABLES_SQL.format(columns=columns), {
+        "pubs": list(publications), "schema": only_schema, "name": only_name}).fetchall()
     tables: dict[int, TableCopy] = {}
     filters: dict[int, list[str | None]] = {}
     for relid, schema, name, partitioned, pubname, attnames, rowfilter in rows:
@@ -227,29 +234,37 @@ def describe(conn: psycopg.Connection[Any], table: TableCopy) -> None:
 
 
 def copy_statement(table: TableCopy, after: Key | None = None, limit: int | None = None,
-                   upto: Key | None = None) -> sql.Composed:
+                   upto: Key | None = None, keys: Sequence[Key] = ()) -> sql.Composed:
     """COPY of the table's published columns and rows, in key order where it has one; with
     ``after`` and ``limit``, the next chunk of them (incremental.py); with ``upto``, those
-    up to that key."""
+    up to that key; with ``keys``, those under these keys."""
     query = sql.SQL("SELECT {} FROM {}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in table.columns), _relation(table))
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
+    columns = sql.SQL(", ").join(sql.Identifier(k) for k in table.key)
     where: list[sql.Composable] = []
     if table.row_filter is not None:
         where.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
     for bound, op in ((after, ">"), (upto, "<=")):
-        if bound is not None:  # COPY takes no parameters: literals, cast to the key's types
-            where.append(sql.SQL("({}) {} ({})").format(keys, sql.SQL(op), sql.SQL(", ").join(
-                sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()),
-                                         sql.SQL(t))
-                for v, t in zip(bound, table.key_types, strict=True))))
+        if bound is not None:
+            where.append(sql.SQL("({}) {} ({})").format(columns, sql.SQL(op),
+                                                        _literal(table, bound)))
+    if keys:
+        where.append(sql.SQL("({}) IN ({})").format(columns, sql.SQL(", ").join(
+            sql.SQL("({})").format(_literal(table, key)) for key in keys)))
     if where:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
     if table.ordered:
-        query = sql.SQL("{} ORDER BY {}").format(query, keys)
+        query = sql.SQL("{} ORDER BY {}").format(query, columns)
     if limit is not None:
         query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit))
     return sql.SQL("COPY ({}) TO STDOUT").format(query)
+
+
+def _literal(table: TableCopy, key: Key) -> sql.Composed:
+    """A key's values as literals cast to the key's types (COPY takes no parameters)."""
+    return sql.SQL(", ").join(
+        sql.SQL("{}::{}").format(sql.Literal(None if v is None else v.decode()), sql.SQL(t))
+        for v, t in zip(key, table.key_types, strict=True))
 
 
 def _relation(table: TableCopy) -> sql.Composed:
@@ -288,9 +303,9 @@ class SnapshotCopy:
             for _ in range(max(1, workers)):
                 conn = psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
                 self.connections.append(conn)
-                # As pg_dump does: a copy may take hours, and its transaction is idle while
-                # the plugins start and once its worker is done
-                conn.execute(_NO_TIMEOUTS)
+                conn.execute(NO_TIMEOUTS)
+                if conn.info.server_version >= 170000:
+                    conn.execute(NO_TRANSACTION_TIMEOUT)
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(snapshot_name)))
@@ -433,6 +448,16 @@ class CopyLedger:
         self.done: list[str] = []
         self.started: set[str] = set()
 
+    def saved(self) -> tuple[Any, ...]:
+        """Its state now, for ``restore``."""
+        return ({name: dict(left) for name, left in self.left.items()}, list(self.done),
+                set(self.started))
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        """Back to a ``saved`` state: a chunk taken as delivered was not (its transaction
+        was cut short)."""
+        self.left, self.done, self.started = saved
+
     def delivered(self, chunk: Chunk) -> tuple[bool, bool]:
         """Take a chunk as delivered: (whether it is its table's first, whether its table is
         now done)."""
@@ -470,6 +495,19 @@ class CopyLedger:
         if ranges:
             state["ranges"] = ranges
         return state
+
+
+def check_snapshot_outputs(pipeline: Any) -> None:
+    """Refuse, before the slot is made, outputs that cannot record an unfinished copy
+    (``begin_snapshot``): a run after an interrupted copy could not tell that it must copy
+    again, and their rows would be missing without a word."""
+    for m in pipeline.members:
+        if not callable(getattr(m.ctx.output, "begin_snapshot", None)):
+            raise SourceError(
+                f'--snapshot: output plugin "{m.plugin.name}" cannot take the initial '
+                "snapshot yet (its output cannot record a copy that did not finish). "
+                "Nothing was created or streamed. Write the copy with another emitter to "
+                "a file or stdout, or stream without --snapshot")
 
 
 def any_output_in(pipeline: Any, state: str) -> bool:

@@ -68,9 +68,12 @@ from plugin_framework.sources.session import (
 from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
     NO_KEY,
+    NO_TIMEOUTS,
+    NO_TRANSACTION_TIMEOUT,
     CopyLedger,
     SnapshotCopy,
     any_output_in,
+    check_snapshot_outputs,
     recorded_progress,
 )
 
@@ -113,8 +116,10 @@ class WalsenderSource:
         self._incremental: IncrementalSnapshot | None = None
         self._initial_resumed = False  # an initial copy cut short goes on incrementally
         # this run's initial copy, as far as delivered (a lost connection in the middle goes
-        # on from there, as a restart goes on from its output's record)
+        # on from there, as a restart goes on from its output's record), and whether it
+        # delivered any row
         self._ledger: CopyLedger | None = None
+        self._copy_delivered = False
         self._copy_record: dict[str, Any] | None = None  # what the copy goes on from
         self._copy_lsn = LSN(0)
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
@@ -169,7 +174,7 @@ class WalsenderSource:
             self._check_server(repl, server_version)
             is_init = False
             if self._snapshot_pending:
-                self._check_snapshot_outputs()
+                check_snapshot_outputs(self.pipeline)
             if cfg.create_slot:
                 is_init = self._create_slot(repl, server_version)
             self._check_slot(repl)  # (after the copy's connections imported the snapshot)
@@ -232,11 +237,21 @@ class WalsenderSource:
         exists = repl.command(
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
-        if exists and export and any_output_in(self.pipeline, "copying"):
+        # This run's copy, cut short by a lost connection: all it delivered is in the outputs
+        in_run = bool(exists) and export and self._copy_delivered
+        goes_on = in_run and self._ledger is not None and cfg.snapshot == "initial"
+        if in_run and not goes_on and not any_output_in(self.pipeline, "copying"):
+            raise SourceError(
+                f'the connection was lost during the initial snapshot with replication slot '
+                f'"{cfg.slot}", which cannot go on from where it was (--snapshot only, or a '
+                "table without a key) nor be taken back from the outputs it went to (stdout, "
+                "a pipe). Drop the slot (`pgdecode slot drop`) and copy again, into a file "
+                "(-f), which can be cut back")
+        if exists and export and (in_run or any_output_in(self.pipeline, "copying")):
             recorded = recorded_progress(self.pipeline)
-            ledger = self._ledger
-            if ledger is not None and ledger.started and cfg.snapshot == "initial":
-                recorded = ledger.record()  # this run's copy, cut short by a lost connection
+            if goes_on:
+                assert self._ledger is not None
+                recorded = self._ledger.record()
             if recorded is not None and recorded.get("initial") and cfg.snapshot == "only":
                 # What is left goes on from the slot's stream (below), which "only" does not
                 # read: said, rather than a copy that ends short
@@ -257,6 +272,8 @@ class WalsenderSource:
                 self._snapshot_pending = False
                 self._initial_resumed = True
                 self._copy_record = recorded
+                if self.progress.snapshot is not None:  # it goes on as an incremental one
+                    self.progress.snapshot.done = True
                 return False
             # Made by a run whose copy did not finish, and never streamed from: made again,
             # with a new snapshot, and the copy taken again.
@@ -278,6 +295,10 @@ class WalsenderSource:
                                 cfg.slot)
                 self._snapshot_pending = False
             return False
+        if export:  # the export's transaction lasts until the copy's connections import it
+            repl.command(NO_TIMEOUTS)
+            if server_version >= 170000:
+                repl.command(NO_TRANSACTION_TIMEOUT)
         rows = repl.command(create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
             server_version=server_version, export=export))
@@ -292,18 +313,6 @@ class WalsenderSource:
     def _drop_slot_command(self, *, wait: bool = False) -> str:
         return (f"DROP_REPLICATION_SLOT {quote_ident_always(self.config.slot)}"
                 + (" WAIT" if wait else ""))
-
-    def _check_snapshot_outputs(self) -> None:
-        """Refuse, before the slot is made, outputs that cannot record an unfinished copy
-        (``begin_snapshot``): a run after an interrupted copy could not tell that it must copy
-        again, and their rows would be missing without a word."""
-        for m in self.pipeline.members:
-            if not callable(getattr(m.ctx.output, "begin_snapshot", None)):
-                raise SourceError(
-                    f'--snapshot: output plugin "{m.plugin.name}" cannot take the initial '
-                    "snapshot yet (its output cannot record a copy that did not finish). "
-                    "Nothing was created or streamed. Write the copy with another emitter to "
-                    "a file or stdout, or stream without --snapshot")
 
     def _refuse_unresumable_copy(self, tables: list[str]) -> None:
         """A copy not in key order is taken again whole after an interruption: refused for
@@ -348,11 +357,17 @@ class WalsenderSource:
             for chunk in copy.chunks(parts, self._stop.is_set):
                 table = chunk.table
                 assert table.relation is not None
+                saved = ledger.saved()
                 first, finished = ledger.delivered(chunk)
                 if resumable:
                     pipeline.note_snapshot_progress(ledger.record())
-                pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
-                                       copy.read_time, first=first)
+                try:
+                    pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
+                                           copy.read_time, first=first)
+                except BaseException:
+                    ledger.restore(saved)  # its transaction was cut short: not delivered
+                    raise
+                self._copy_delivered = True
                 if resumable:
                     pipeline.snapshot_checkpoint()
                 progress.rows += len(chunk.inserts)
@@ -457,7 +472,7 @@ class WalsenderSource:
                         if wal_start > received:
                             received = wal_start
                         payload = raw[header:].tobytes()
-                        if (payload[0] == _MESSAGE or incremental.window is not None) \
+                        if (payload[0] == _MESSAGE or incremental.current is not None) \
                                 and incremental.intercept(payload, wal_start):
                             continue  # a watermark or a request: not the plugins'
                         feed(payload, wal_start)

@@ -127,7 +127,8 @@ class SourceSnapshot:
         # the pipeline is the peek's: the source sets it before the stream is fed
         return IncrementalSnapshot(self.opts.dsn, self.opts.slot, self.opts.publications,
                                    Pipeline(proto_version=self._proto), self._proto,
-                                   chunk_rows=self.opts.snapshot_chunk_rows, requests=False)
+                                   chunk_rows=self.opts.snapshot_chunk_rows, requests=False,
+                                   track_moves=False)
 
     def plan(self, progress: dict[str, Any] | None) -> Make | None:
         """The snapshot as ``progress`` left it, with its next chunk read (None: nothing is
