@@ -70,6 +70,7 @@ MAX_RETRIES = 20  # reads of one chunk whose window streamed or prepared transac
 _M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
 # Streamed and prepared transactions are not in commit order (see the module's text)
 _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
+_ENDS = frozenset(ord(c) for c in "CPKc")  # a transaction's end: an output may mark there
 
 
 
@@ -122,7 +123,6 @@ class _Table:
     rows: int = 0
     retries: int = 0
     moves: Moves = field(default_factory=Moves)  # rows to read again once its chunks are
-    read_all: bool = False  # its chunks are read (only moved rows may be left)
 
 
 class IncrementalSnapshot:
@@ -164,6 +164,7 @@ class IncrementalSnapshot:
         # how far the table under way is (the last one's, once done), for the status line and
         # the logs; and the tables done since this object was made
         self.figures: SnapshotProgress | None = None
+        self._moves_noted = False  # since the last progress noted
         self._finished = 0
         self._last_log = time.monotonic()
 
@@ -216,8 +217,12 @@ class IncrementalSnapshot:
                 self._on_message(message, lsn)
                 return True
             return False
-        if (tag == _U or tag == _D) and self.current is not None and self.track_moves:
-            self._note_move(data)
+        if self.current is not None and self.track_moves:
+            if tag == _U:
+                self._note_move(data)
+            elif self._moves_noted and tag in _ENDS:  # recorded with the mark that follows
+                self._moves_noted = False
+                self._note_progress()
         window = self.window
         if window is None or not window.open or window.replay:
             return False
@@ -308,7 +313,8 @@ class IncrementalSnapshot:
                            table.copy.relid, len(table.copy.columns),
                            Decoder(self.decoder.proto_version))
         keep = [data for _, data in kept]
-        table.moves.delivered([key for key, _ in kept], window.noted)
+        # rows given whole as the window's last change left them
+        table.moves.delivered([key for key, _ in kept], table.moves.noted)
         if window.moved is not None:  # each read again: given, or the stream has its news
             table.moves.delivered(window.moved, window.noted)
         assert table.copy.relation is not None
@@ -320,11 +326,11 @@ class IncrementalSnapshot:
         if window.moved is None:
             if window.keys:
                 table.after = window.keys[-1]
-            table.read_all = len(window.inserts) < self.chunk_rows
-            if table.read_all and table.ranges:  # the range's end: the next range
+            table.moves.read_all = len(window.inserts) < self.chunk_rows
+            if table.moves.read_all and table.ranges:  # the range's end: the next range
                 table.after, table.upto = table.ranges.pop(0)
-                table.read_all = False
-        finished = table.read_all and not table.moves
+                table.moves.read_all = False
+        finished = table.moves.read_all and not table.moves
         if finished:
             self.current = None
             self.done.append(table.copy.qualified)
@@ -382,8 +388,11 @@ class IncrementalSnapshot:
             state["ranges"] = ranges
         if self.starts:
             state["starts"] = list(self.starts)
+        moved = {name: [key_text(k) for k in keys] for name, keys in self.resume_moved.items()}
         if table is not None and table.moves:
-            state["moved"] = {table.copy.qualified: [key_text(k) for k in table.moves.keys]}
+            moved[table.copy.qualified] = [key_text(k) for k in table.moves.keys]
+        if moved:
+            state["moved"] = moved
         return state
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -491,7 +500,7 @@ class IncrementalSnapshot:
         conn = self._connection()
         chunk_id = uuid.uuid4().hex
         copy = table.copy
-        moved = table.moves.first(self.chunk_rows) if table.read_all else None
+        moved = table.moves.first(self.chunk_rows) if table.moves.read_all else None
         if moved:
             statement = copy_statement(copy, keys=moved)
         else:
@@ -505,8 +514,7 @@ class IncrementalSnapshot:
                       self._keys(copy, inserts), low=low, high=high, moved=moved or None)
 
     def _note_move(self, data: bytes) -> None:
-        """An UPDATE or DELETE, maybe of the table under way: what it does to the rows to
-        read again (toasted.Moves)."""
+        """An UPDATE, maybe of the table under way: a row to read again (toasted.Moves)?"""
         table = self.current
         assert table is not None
         in_stream = self.pipeline.decoder.in_stream
@@ -518,9 +526,9 @@ class IncrementalSnapshot:
             return
         self.decoder.in_stream = in_stream
         message = self.decoder.decode(data)
-        assert isinstance(message, Update | Delete)
+        assert isinstance(message, Update)
         if table.moves.note(message, [relation.index[k] for k in table.copy.key]):
-            self._note_progress()  # recorded with the next mark: a restart knows it
+            self._moves_noted = True  # for the progress record, at the transaction's end
 
     def _keys(self, copy: TableCopy, inserts: list[bytes]) -> list[Key]:
         decoder = Decoder(self.decoder.proto_version)

@@ -170,8 +170,10 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Err
     failed = failed_result(result)
     if failed is not None:
         message, code = failed
+        if not code:  # libpq's own, with no SQLSTATE: "server closed the connection ..."
+            return psycopg.OperationalError(message)
         try:
-            return psycopg.errors.lookup(code or "")(message)
+            return psycopg.errors.lookup(code)(message)
         except KeyError:
             return psycopg.DatabaseError(message)
     message = pgconn.get_error_message().strip()

@@ -165,11 +165,19 @@ JOIN pg_attribute a ON a.attrelid = %(relid)s AND a.attnum = k.attnum
 ORDER BY k.n
 """
 
-# As pg_dump does: a copy may take hours, and its transaction is idle while the plugins start
-# and once its worker is done (transaction_timeout: PostgreSQL 17 and later)
-NO_TIMEOUTS = ("SET statement_timeout = 0; SET lock_timeout = 0; "
-               "SET idle_in_transaction_session_timeout = 0")
-NO_TRANSACTION_TIMEOUT = "SET transaction_timeout = 0"
+
+
+def no_timeouts(server_version: int) -> str:
+    """SETs that turn the server's timeouts off for a connection of the copy, as pg_dump
+    does: a copy may take hours, its transaction is idle while the plugins start and once
+    its worker is done, and the replication connection waits idle throughout."""
+    names = ["statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"]
+    if server_version >= 140000:
+        names.append("idle_session_timeout")
+    if server_version >= 170000:
+        names.append("transaction_timeout")
+    return "; ".join(f"SET {name} = 0" for name in names)
+
 
 _TYPES_SQL = """
 SELECT t.oid, CASE WHEN n.nspname = 'pg_catalog' THEN '' ELSE n.nspname END, t.typname
@@ -303,9 +311,7 @@ class SnapshotCopy:
             for _ in range(max(1, workers)):
                 conn = psycopg.connect(conninfo, autocommit=True, client_encoding="UTF8")
                 self.connections.append(conn)
-                conn.execute(NO_TIMEOUTS)
-                if conn.info.server_version >= 170000:
-                    conn.execute(NO_TRANSACTION_TIMEOUT)
+                conn.execute(no_timeouts(conn.info.server_version))
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(snapshot_name)))

@@ -9,15 +9,16 @@ chunk is not copied yet. Two cases (incremental.py delivers what these give):
   made it, with the values they left out taken from the chunk's read.
 - The update moves the row to another key (a key change): a later chunk reads the row only
   if the new key is in a part of the table not copied yet. ``Moves`` keeps the new keys of
-  such rows until a chunk delivers them; those left when the table's chunks are done are
-  read again, as a chunk of their own.
+  such rows until a read gives them; those left when the table's chunks are done are read
+  again, as a chunk of their own.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
-from plugin_framework.protocol import Decoder, Delete, Insert, TupleData, Update, encode
+from plugin_framework.protocol import Decoder, Insert, TupleData, Update, encode
 from plugin_framework.sources.snapshot import Key
 
 UNCHANGED = ord("u")  # a TupleData column kind: an unchanged TOAST value, not sent
@@ -67,13 +68,17 @@ def made_whole(moves: Sequence[Move], chunk: dict[Key, bytes], relid: int, ncols
 
 class Moves:
     """The new keys of the table's rows that an UPDATE moved to another key leaving a
-    TOASTed value out, until the row is delivered whole (by a chunk, or by a later change
-    that sends every value) or deleted. Each has the number of the note that added it, so
-    that a read knows which keys it can answer for: those noted before it began."""
+    TOASTed value out, until a read of the table gives the row whole (a chunk, or a read
+    again of these keys, which drops those it finds no row under). Notes only add: a change
+    that would take a key off may be in a transaction that is rolled back (streamed or
+    prepared ones come before their outcome), and a key too many costs only a read. Each key
+    has the number of the note that added it, so that a read knows which keys it answers
+    for: those noted before its low watermark."""
 
     def __init__(self, keys: Iterable[Key] = ()) -> None:
         self.keys: dict[Key, int] = {}
         self.noted = 0
+        self.read_all = False  # the table's chunks are read: every row was copied once
         for key in keys:
             self._add(key)
 
@@ -84,34 +89,27 @@ class Moves:
         self.noted += 1
         self.keys[key] = self.noted
 
-    def note(self, message: Update | Delete, positions: Sequence[int]) -> bool:
-        """A change of the table, in stream order (``positions``: of the key's columns);
-        whether it changed the keys."""
-        def key_of(row: TupleData) -> Key:
-            return tuple(row.values[i] for i in positions)
-
-        count = len(self.keys)
-        before = message.key if message.key is not None else message.old
-        if isinstance(message, Delete):
-            if before is not None:
-                self.keys.pop(key_of(before), None)
-            return len(self.keys) != count
-        new = key_of(message.new)
-        old = new if before is None else key_of(before)
-        if old != new:
-            self.keys.pop(old, None)
+    def note(self, message: Update, positions: Sequence[int]) -> bool:
+        """An UPDATE of the table, in stream order (``positions``: of the key's columns);
+        whether it added a key. Once the chunks are read, only a row the consumer may lack
+        (moved from a key still to read again) is: the others it has, copied."""
         if UNCHANGED not in message.new.kinds:
-            self.keys.pop(new, None)  # whole in the stream
-        elif old != new:
-            self._add(new)
-            return True
-        return len(self.keys) != count
+            return False
+        before = message.key if message.key is not None else message.old
+        if before is None:
+            return False  # the key did not change
+        new = tuple(message.new.values[i] for i in positions)
+        old = tuple(before.values[i] for i in positions)
+        if old == new or (self.read_all and old not in self.keys):
+            return False
+        self._add(new)
+        return True
 
     def delivered(self, keys: Iterable[Key], noted: int) -> None:
-        """Rows given whole (by a chunk read after note number ``noted``)."""
+        """Rows given whole (``keys`` read, by a read after note number ``noted``)."""
         for key in keys:
             if self.keys.get(key, noted + 1) <= noted:
                 del self.keys[key]
 
     def first(self, n: int) -> list[Key]:
-        return list(self.keys)[:n]
+        return list(itertools.islice(self.keys, n))

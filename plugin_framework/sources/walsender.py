@@ -68,12 +68,11 @@ from plugin_framework.sources.session import (
 from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
     NO_KEY,
-    NO_TIMEOUTS,
-    NO_TRANSACTION_TIMEOUT,
     CopyLedger,
     SnapshotCopy,
     any_output_in,
     check_snapshot_outputs,
+    no_timeouts,
     recorded_progress,
 )
 
@@ -120,6 +119,7 @@ class WalsenderSource:
         # delivered any row
         self._ledger: CopyLedger | None = None
         self._copy_delivered = False
+        self._exported = False  # this run made the slot with an exported snapshot
         self._copy_record: dict[str, Any] | None = None  # what the copy goes on from
         self._copy_lsn = LSN(0)
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
@@ -238,9 +238,11 @@ class WalsenderSource:
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
         # This run's copy, cut short by a lost connection: all it delivered is in the outputs
-        in_run = bool(exists) and export and self._copy_delivered
-        goes_on = in_run and self._ledger is not None and cfg.snapshot == "initial"
-        if in_run and not goes_on and not any_output_in(self.pipeline, "copying"):
+        in_run = bool(exists) and export and self._exported
+        goes_on = (in_run and self._copy_delivered and self._ledger is not None
+                   and cfg.snapshot == "initial")
+        if in_run and self._copy_delivered and not goes_on \
+                and not any_output_in(self.pipeline, "copying"):
             raise SourceError(
                 f'the connection was lost during the initial snapshot with replication slot '
                 f'"{cfg.slot}", which cannot go on from where it was (--snapshot only, or a '
@@ -296,14 +298,13 @@ class WalsenderSource:
                 self._snapshot_pending = False
             return False
         if export:  # the export's transaction lasts until the copy's connections import it
-            repl.command(NO_TIMEOUTS)
-            if server_version >= 170000:
-                repl.command(NO_TRANSACTION_TIMEOUT)
+            repl.command(no_timeouts(server_version))
         rows = repl.command(create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
             server_version=server_version, export=export))
         log.info('created replication slot "%s"', cfg.slot)
         if export:
+            self._exported = True
             # Imported before the next command on this connection, which ends the export.
             _, point, snapshot_name, _ = rows[0]
             self._copy = SnapshotCopy(cfg.conninfo, snapshot_name, cfg.snapshot_workers)
@@ -407,8 +408,7 @@ class WalsenderSource:
         cfg = self.config
         self._slot_two_phase, confirmed = check_slot(
             repl, cfg.slot, temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
-        if confirmed is not None:
-            # Never report less than the server has: it would move the slot back.
+        if confirmed is not None:  # (never less than the server has: the slot would go back)
             self.progress.acked = max(self.progress.acked, confirmed)
 
     def _close(self) -> None:
