@@ -348,19 +348,25 @@ def cut_the_copy(conninfo: str, out: Path) -> None:
              )[0][0] > 0, timeout=300, interval=0.01, what="a COPY of the copy cut")
 
 
-def drained(fifo: Path, out: Path) -> threading.Thread:
-    """A named pipe, read into ``out`` by a thread until its writer closes it."""
-    os.mkfifo(fifo)
+class Drained(threading.Thread):
+    """A named pipe, read into ``out`` until its writer closes it; reading stops once 8 MB
+    are in (so that the copy waits, under way, whatever the machine's speed) until
+    ``release`` is set."""
 
-    def drain() -> None:
-        with fifo.open("rb") as src, out.open("wb") as dst:
+    def __init__(self, fifo: Path, out: Path) -> None:
+        super().__init__(daemon=True)
+        os.mkfifo(fifo)
+        self.fifo, self.out = fifo, out
+        self.release = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with self.fifo.open("rb") as src, self.out.open("wb") as dst:
             while data := src.read(65536):
                 dst.write(data)
                 dst.flush()
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    return reader
+                if dst.tell() > 8_000_000:
+                    self.release.wait()
 
 
 def resumed_copy_done(log: str) -> bool:
@@ -379,7 +385,7 @@ def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
     nothing of the copy. Each row once, and upserting the lines gives the tables."""
     make_tables(db.conninfo)
     out, stderr = tmp_path / "out", tmp_path / "stderr"
-    reader = drained(tmp_path / "pipe", out) if into == "pipe" else None
+    reader = Drained(tmp_path / "pipe", out) if into == "pipe" else None
     writer = Writer(db.conninfo, seed=3)
     proc = start_cli(command(db.conninfo, tmp_path / into if reader else out), env=env,
                      stderr_path=stderr)
@@ -387,6 +393,8 @@ def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
         wait_for(lambda: slot_row(db.conninfo, "snap"), what="slot created")
         writer.start()
         cut_the_copy(db.conninfo, out)
+        if reader is not None:
+            reader.release.set()
         wait_for(lambda: resumed_copy_done(stderr.read_text()), timeout=600,
                  what="the copy done")
         n = writer.ops
@@ -397,6 +405,7 @@ def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
         writer.done.set()
         assert stop_process(proc) == 0, stderr.read_text()
         if reader is not None:
+            reader.release.set()
             reader.join(30)
     log = stderr.read_text()
     assert log.count("going on with the tables left as an incremental snapshot") == 1, log
@@ -412,13 +421,15 @@ def test_a_lost_connection_during_a_copy_that_cannot_go_on_into_a_pipe_is_refuse
     copy cut short)."""
     make_tables(db.conninfo)
     out, stderr = tmp_path / "out", tmp_path / "stderr"
-    reader = drained(tmp_path / "pipe", out)
+    reader = Drained(tmp_path / "pipe", out)
     proc = start_cli([*command(db.conninfo, tmp_path / "pipe")[:-1], "only"], env=env,
                      stderr_path=stderr)
     try:
         cut_the_copy(db.conninfo, out)
+        reader.release.set()
         assert proc.wait(300) == 1, stderr.read_text()
     finally:
+        reader.release.set()
         stop_process(proc)
         reader.join(30)
     assert "cannot go on from where it was" in stderr.read_text()
