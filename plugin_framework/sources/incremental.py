@@ -349,6 +349,8 @@ class IncrementalSnapshot:
         elif progress is not None and time.monotonic() - self._last_log >= PROGRESS_INTERVAL:
             self._last_log = time.monotonic()
             progress.log(log)
+        if finished and self.track_moves:
+            self._next_table()  # at once: its rows' moves are noted from here on
 
     def _begin_copy(self, name: str, lsn: LSN) -> None:
         """The copy of a table of an initial copy begins here, before the first chunk's

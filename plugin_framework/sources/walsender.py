@@ -443,6 +443,8 @@ class WalsenderSource:
         progress = self.progress
         pipeline.keepalive = self._keepalive_during_replay
         incremental = self._incremental_snapshot()
+        if incremental.busy:  # under way before any change is read: moves are noted
+            incremental.step()
         try:
             stop = self._stop.is_set
             read_batch = repl.read_batch
@@ -517,10 +519,8 @@ class WalsenderSource:
         reconnect, or recorded in an output's progress file, they go on at the next chunk
         (see docs/snapshot.md)."""
         if self._incremental is not None:
-            # A reconnect: the output has every chunk delivered (a lost connection takes
-            # nothing back from it), so the snapshots go on after the last one, with all
-            # they knew (tables done, asked for, resume points); only the chunk whose
-            # watermarks were in the lost stream is read again.
+            # A reconnect: the output has every chunk delivered, so the snapshots go on with
+            # all they knew; only the chunk whose watermarks were lost is read again.
             return self._incremental
         cfg = self.config
         assert self._proto is not None
