@@ -12,9 +12,11 @@ Delivery is exactly-once for an idempotent ``fn``:
 - the checkpoint records each batch's id and LSN range before ``fn`` runs and its completion
   after (``plugin_framework.spark.checkpoint``);
 - the plugin's Output (``make_output()``) reports as durable only what ``fn`` has finished
-  and never passes the PREPARE of an undecided transaction, so the slot keeps everything
-  else; after a crash, the unfinished batch is rebuilt from the re-sent stream with the same
-  id and exactly the same transactions, and transactions already delivered are skipped.
+  and never passes the PREPARE of a prepared transaction whose rows no finished batch
+  holds (undecided, or committed into the batch being filled), so the slot keeps
+  everything else; after a crash, the unfinished batch is rebuilt from the re-sent stream
+  with the same id and exactly the same transactions, and transactions already delivered
+  are skipped.
 """
 
 from __future__ import annotations
@@ -354,10 +356,9 @@ class ForeachBatchPlugin(OutputPlugin):
         end = LSN(txn.end_lsn)
         if entry is None:
             if end > self.committed_end:
-                log.warning('COMMIT PREPARED of "%s", whose PREPARE was never received: its '
-                            "changes cannot be delivered", txn.gid)
+                self._unseen_prepare(txn.gid, end)
             return
-        builder, index, _ = entry
+        builder, index, prepare_lsn = entry
         if end <= self.committed_end:
             return
         replay = self.replay
@@ -366,8 +367,27 @@ class ForeachBatchPlugin(OutputPlugin):
         if builder.txn_rows(index):
             builder.close_txn(index, txn, commit_lsn)
             self.batch.extend(builder)
+            # Until the batch holding these rows is finished, the slot stays at the PREPARE:
+            # the server sends a prepared transaction's changes again only from before it
+            # (after a restart from later, COMMIT PREPARED comes alone).
+            self.delivered = min(self.delivered, prepare_lsn)
             self._added(end)
         self._after(end)
+
+    def _unseen_prepare(self, gid: str, end: LSN) -> None:
+        """COMMIT PREPARED of a transaction whose PREPARE this run did not receive, and that
+        no finished batch holds: its changes are not to be had from the slot any more."""
+        message = (f'COMMIT PREPARED of "{gid}" (ending at {end}) arrived without its '
+                   "PREPARE, which the slot was acknowledged past before any batch held its "
+                   "changes")
+        if self.checkpoint is not None and self.checkpoint.last_committed is not None:
+            # This checkpoint's own batches lead here: what it delivers would lack them.
+            raise OutputError(
+                f"{message}: they cannot be delivered. The slot was moved on by another "
+                "consumer or by hand; take the target again from a new slot (with a "
+                "snapshot) rather than go on without them")
+        log.warning("%s (the slot was read before this checkpoint existed): its changes "
+                    "are not in the batches", message)
 
     def rollback_prepared(self, ctx: Any, txn: Any, prepare_end_lsn: LSN,
                           prepare_time: Any) -> None:
