@@ -435,6 +435,66 @@ def test_a_lost_connection_during_a_copy_that_cannot_go_on_into_a_pipe_is_refuse
     assert "cannot go on from where it was" in stderr.read_text()
 
 
+def paused_at(proc: Any, reached: Callable[[], bool], what: str) -> None:
+    """Pause the command (SIGSTOP) once ``reached()``: it can then be signalled at that
+    point of its work, whatever the machine's pace."""
+    wait_for(lambda: proc.poll() is not None or reached(), timeout=600, interval=0.01,
+             what=what)
+    assert proc.poll() is None, f"the command exited ({proc.returncode}) before {what}"
+    proc.send_signal(signal.SIGSTOP)
+
+
+def terminated(proc: Any) -> int:
+    """SIGTERM to a paused command, which goes on to handle it."""
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    return proc.wait(120)
+
+
+@pytest.mark.slow
+def test_a_copy_stopped_before_it_is_complete_says_so_and_endpos_finishes_it(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM during the copy, and again while the next run goes on with the tables left
+    (as an incremental snapshot): each run exits with status 4, saying that the snapshot is
+    not complete, and the file never records the copy done with tables left. A run with -E
+    then finishes the copy before it stops, past -E (it used to stop at -E with tables never
+    copied, exit 0, and the copy recorded done): each row once, and upserting the lines
+    gives the tables."""
+    make_tables(db.conninfo)
+    out, stderr = tmp_path / "out", tmp_path / "stderr"
+    writer = Writer(db.conninfo, seed=4, pause=0.01)
+    writer.start()
+    try:
+        proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+        paused_at(proc, lambda: size(out) > 8_000_000, "8 MB of the copy written")
+        assert terminated(proc) == 4, stderr.read_text()
+        assert "stopped before the snapshot was complete" in stderr.read_text()
+        assert snapshot_state(out) == (True, False)
+        assert progress_of(out)["snapshot"] == "copying"
+
+        proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+        paused_at(proc, lambda: "resumed after key" in stderr.read_text(),
+                  "the copy going on")
+        assert terminated(proc) == 4, stderr.read_text()
+        progress = progress_of(out)
+        assert progress["snapshot"] == "incremental" and copy_left(progress["incremental"])
+
+        endpos = current_lsn(db.conninfo)
+        result = run_cli([*command(db.conninfo, out), "-E", str(endpos)], env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "going on until it is complete" in result.stderr, result.stderr[-3000:]
+        assert snapshot_state(out) == (False, True)
+        assert progress_of(out)["snapshot"] == "done"
+        proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
+        try:
+            finish_copy(db.conninfo, out, writer)  # the rest of the writer's changes
+        finally:
+            assert stop_process(proc) == 0, stderr.read_text()[-3000:]
+    finally:
+        writer.done.set()
+    check_upserted(db, read_lines(out), TABLES)
+
+
 @pytest.mark.slow
 def test_snapshot_only_cut_short_says_how_to_finish_the_copy(db: Any, env: dict[str, str],
                                                              tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """How a command that fails ends: the message (text, or a JSON line with --log-format
 json), and the exit status: 2 for bad input, 1 for an error the user can act on, 3 when the
-slot is missing or invalidated (restarting will not help), 141 when stdout's reader went
-away, 130 on Ctrl-C; anything else is a bug and keeps its traceback."""
+slot is missing or invalidated (restarting will not help), 4 when a stop (SIGTERM, Ctrl-C)
+came before a snapshot was complete (running the command again goes on with it), 141 when
+stdout's reader went away, 130 on Ctrl-C; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from plugin_framework.protocol import ProtocolError
 from plugin_framework.rowfilter import RowFilterError
 from plugin_framework.sources.capture import CaptureFormatError
 from plugin_framework.sources.errors import SlotUnusable, SourceError
+from plugin_framework.sources.initialcopy import SnapshotUnfinished
 
 __all__ = ["UsageError", "exit_status", "is_user_facing", "report", "report_usage"]
 
@@ -78,6 +80,7 @@ def file_error(exc: BaseException, args: argparse.Namespace) -> str | None:
 
 
 SLOT_UNUSABLE = 3  # the exit status when the slot is missing or invalidated
+SNAPSHOT_UNFINISHED = 4  # stopped with a snapshot not complete: run again to go on
 
 
 def report(args: argparse.Namespace, message: str, usage: bool = False) -> None:
@@ -116,5 +119,7 @@ def exit_status(exc: Exception, args: argparse.Namespace) -> int:
         return 1
     if is_user_facing(exc):
         report(args, f"{exc}")
-        return SLOT_UNUSABLE if isinstance(exc, SlotUnusable) else 1
+        if isinstance(exc, SlotUnusable):
+            return SLOT_UNUSABLE
+        return SNAPSHOT_UNFINISHED if isinstance(exc, SnapshotUnfinished) else 1
     raise exc

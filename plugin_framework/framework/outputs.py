@@ -72,6 +72,11 @@ def _delivered(two_phase: bool) -> str:
 _BUFFER = 1 << 20  # FileOutput's write buffer for regular files
 
 
+# Where an output's initial snapshot stands (docs/snapshot.md): its copy under way, going on
+# as an incremental snapshot after an interruption, complete; None: no initial snapshot.
+SNAPSHOT_STATES = (None, "copying", "incremental", "done")
+
+
 class OutputError(Exception):
     """A plugin wrote outside a callback or wrote data its output type does not allow."""
 
@@ -166,9 +171,10 @@ class FileOutput:
         self._incremental: dict[str, Any] | None = None
         self._marked_incremental: dict[str, Any] | None = None
         self.resume_incremental: dict[str, Any] | None = None
-        self._checkpointed = False  # a snapshot_checkpoint since the last flush
+        # a snapshot_checkpoint, or a new snapshot_state, since the last flush
+        self._checkpointed = False
         self._two_phase: bool | None = None  # prepared transactions went in at PREPARE
-        # the initial snapshot (docs/snapshot.md): "copying" from its start until "done"
+        # the initial snapshot (SNAPSHOT_STATES): "copying" from its start until "done"
         self.snapshot_state: str | None = None
         self._snapshot_start: int | None = None  # the file's size where this run's copy began
         self._failed: str | None = None  # why the output can no longer be made durable
@@ -252,7 +258,7 @@ class FileOutput:
             self._slot = state.get("slot")
             self._two_phase = state.get("two_phase")
             self.snapshot_state = state.get("snapshot")
-            if self.snapshot_state not in (None, "copying", "done"):
+            if self.snapshot_state not in SNAPSHOT_STATES:
                 raise ValueError(f"snapshot is {self.snapshot_state!r}")
             if self._two_phase is not None and type(self._two_phase) is not bool:
                 raise ValueError(f"two_phase is {self._two_phase!r}, not true or false")
@@ -376,10 +382,18 @@ class FileOutput:
         self.snapshot_state = "copying"
         self._save_progress(self.durable_lsn, self._durable_size)
 
+    def continue_snapshot(self) -> None:
+        """The copy, cut short, goes on as an incremental snapshot (recorded at the next
+        flush, with that snapshot's progress)."""
+        if self.snapshot_state is not None:
+            self.snapshot_state = "incremental"
+            self._checkpointed = True  # (a new state to record, even with nothing marked)
+
     def end_snapshot(self) -> None:
-        """The copy is complete (recorded with the mark that follows, at the next flush)."""
+        """The copy is complete (recorded at the next flush, with the mark that follows)."""
         if self.snapshot_state is not None:
             self.snapshot_state = "done"
+            self._checkpointed = True
 
     def write(self, record: OutputRecord) -> None:
         self._write(record.data + b"\n")  # one call: cheaper than two for a line's bytes

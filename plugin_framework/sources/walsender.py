@@ -21,7 +21,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
@@ -29,7 +28,6 @@ from plugin_framework.framework import Pipeline
 from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
 from plugin_framework.protocol import (
     LSN,
-    Decoder,
     PrimaryKeepalive,
     XLogData,
     decode_copy_data,
@@ -46,13 +44,13 @@ from plugin_framework.sources.errors import (
     explain,
 )
 from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
+from plugin_framework.sources.initialcopy import InitialCopy, unfinished
 from plugin_framework.sources.monitor import SlotMonitor
 from plugin_framework.sources.replication import (
     ReplicationError,
     ReplicationStream,
 )
 from plugin_framework.sources.session import (
-    PROGRESS_INTERVAL,
     Progress,
     SnapshotProgress,
     SourceConfig,
@@ -67,10 +65,6 @@ from plugin_framework.sources.session import (
 )
 from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
-    NO_KEY,
-    CopyLedger,
-    SnapshotCopy,
-    any_output_in,
     check_snapshot_outputs,
     no_timeouts,
     recorded_progress,
@@ -79,9 +73,6 @@ from plugin_framework.sources.snapshot import (
 log = logging.getLogger("pgdecode.source")
 
 _MESSAGE = ord("M")  # a logical message: maybe an incremental snapshot's (incremental.py)
-# The initial copy is made durable (and resumable from there) every second, or every so many
-# chunks (50,000 rows) where a second copies more: a fast copy must not end unrecorded.
-_CHECKPOINT_CHUNKS = 10
 
 
 class WalsenderSource:
@@ -109,19 +100,10 @@ class WalsenderSource:
         self._walsender_pid: int | None = None  # of our last connection: its slot use is ours
         self._slot_two_phase = False
         self._alive_interval = 1.0  # status updates at least this often during a replay
-        # the initial snapshot (--snapshot): still to take, and the copy of the slot made now
-        self._snapshot_pending = config.snapshot is not None
-        self._copy: SnapshotCopy | None = None
+        self.initial = InitialCopy(config.conninfo, config.slot, config.snapshot,
+                                   config.snapshot_workers, pipeline)
         self._incremental: IncrementalSnapshot | None = None
-        self._initial_resumed = False  # an initial copy cut short goes on incrementally
-        # this run's initial copy, as far as delivered (a lost connection in the middle goes
-        # on from there, as a restart goes on from its output's record), and whether it
-        # delivered any row
-        self._ledger: CopyLedger | None = None
-        self._copy_delivered = False
-        self._exported = False  # this run made the slot with an exported snapshot
-        self._copy_record: dict[str, Any] | None = None  # what the copy goes on from
-        self._copy_lsn = LSN(0)
+        self._told_copy_goes_on = False  # that -E waits for a snapshot under way
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
 
     @property
@@ -137,21 +119,40 @@ class WalsenderSource:
         self._stop.set()
 
     def run(self) -> None:
+        """Stream until endpos, a stop request or an error. A run that stops with a snapshot
+        not complete (asked to stop during the copy, SIGTERM) says so: SnapshotUnfinished,
+        once what was delivered is acknowledged."""
+        initial = self.initial
+
         def attempt() -> None:
             try:
                 self._connect()
-                if self._copy is not None and not self._take_snapshot():
+                if initial.copy is not None and not initial.take(
+                        self._proto or 1, self._stop.is_set, self.progress,
+                        self.config.publications, self._drop_slot_made_now):
                     return  # asked to stop during the copy
                 if self.config.snapshot == "only":
                     return
                 self._stream()
             finally:
-                if self._copy is not None:
-                    self._copy.close()
-                    self._copy = None
+                initial.close()
                 self._close()
 
         run_with_reconnect(attempt, self.config, self.progress, self.pipeline, self._stop)
+        left = self.copy_left()
+        if left:
+            raise unfinished(left)
+
+    def copy_left(self) -> list[str]:
+        """The tables a snapshot of this run has still to copy (all or part of)."""
+        initial, incremental = self.initial, self._incremental
+        if initial.pending and initial.exported:  # the copy of this run's slot
+            record = initial.ledger.record() if initial.ledger is not None else None
+            return list(record["queue"]) if record is not None else ["the published tables"]
+        if incremental is None or not incremental.busy:
+            return []
+        current = incremental.current
+        return ([] if current is None else [current.copy.qualified]) + list(incremental.queue)
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -173,7 +174,7 @@ class WalsenderSource:
             server_version = repl.conn.info.server_version
             self._check_server(repl, server_version)
             is_init = False
-            if self._snapshot_pending:
+            if self.initial.pending:
                 check_snapshot_outputs(self.pipeline)
             if cfg.create_slot:
                 is_init = self._create_slot(repl, server_version)
@@ -188,11 +189,7 @@ class WalsenderSource:
                            lambda: repl.command(self._drop_slot_command()),
                            server_lsn=server_lsn)
             self._started = True
-        if self._initial_resumed:
-            # The copy's state goes on in the incremental snapshot's record (kept).
-            self._initial_resumed = False
-            self.pipeline.end_snapshot(self.progress.acked)
-            self.pipeline.flush()
+        self.initial.go_on()  # a copy cut short: its record goes on in the incremental one
         self._proto = proto
         self.server_version = server_version
         self._walsender_pid = repl.conn.info.backend_pid
@@ -233,69 +230,20 @@ class WalsenderSource:
 
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
-        export = self._snapshot_pending
+        export = self.initial.pending
         exists = repl.command(
             "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
             f"{quote_standard_literal(cfg.slot)}")
-        # This run's copy, cut short by a lost connection: all it delivered is in the outputs
-        in_run = bool(exists) and export and self._exported
-        goes_on = (in_run and self._copy_delivered and self._ledger is not None
-                   and cfg.snapshot == "initial")
-        if in_run and self._copy_delivered and not goes_on \
-                and not any_output_in(self.pipeline, "copying"):
-            raise SourceError(
-                f'the connection was lost during the initial snapshot with replication slot '
-                f'"{cfg.slot}", which cannot go on from where it was (--snapshot only, or a '
-                "table without a key) nor be taken back from the outputs it went to (stdout, "
-                "a pipe). Drop the slot (`pgdecode slot drop`) and copy again, into a file "
-                "(-f), which can be cut back")
-        if exists and export and (in_run or any_output_in(self.pipeline, "copying")):
-            recorded = recorded_progress(self.pipeline)
-            if goes_on:
-                assert self._ledger is not None
-                recorded = self._ledger.record()
-            if recorded is not None and recorded.get("initial") and cfg.snapshot == "only":
-                # What is left goes on from the slot's stream (below), which "only" does not
-                # read: said, rather than a copy that ends short
-                raise SourceError(
-                    f'the initial snapshot with replication slot "{cfg.slot}" did not finish, '
-                    "and its snapshot went with the run that made it: the tables left are "
-                    "copied as an incremental snapshot, which reads the slot's stream, so "
-                    "--snapshot only cannot finish it. Run the same command with --snapshot "
-                    "initial instead (and -E LSN to stop): it finishes the copy, then delivers "
-                    "the changes made since. Nothing was written or acknowledged")
-            if recorded is not None and recorded.get("initial"):
-                # Its snapshot went with the run that made it; the slot still streams from
-                # the consistent point: the tables left are copied as an incremental
-                # snapshot, each after the last key the outputs hold.
-                log.warning('the initial snapshot with replication slot "%s" did not finish: '
-                            "going on with the tables left as an incremental snapshot",
-                            cfg.slot)
-                self._snapshot_pending = False
-                self._initial_resumed = True
-                self._copy_record = recorded
-                if self.progress.snapshot is not None:  # it goes on as an incremental one
-                    self.progress.snapshot.done = True
-                return False
-            # Made by a run whose copy did not finish, and never streamed from: made again,
-            # with a new snapshot, and the copy taken again.
-            log.warning('the initial snapshot with replication slot "%s" did not finish: '
-                        "dropping the slot and copying again with a new one", cfg.slot)
-            repl.command(self._drop_slot_command(wait=True))
-            exists = []
+        if exists and export:
+            if self.initial.on_existing_slot(
+                    lambda: repl.command(self._drop_slot_command(wait=True))):
+                exists = []  # dropped: made again below
+            elif self.initial.resumed and self.progress.snapshot is not None:
+                self.progress.snapshot.done = True  # it goes on as an incremental one
         if exists:
             if cfg.slot_two_phase and not exists[0][0] and not self._started:
                 log.warning('replication slot "%s" exists already, without two_phase: '
                             "--two-phase applies only to a slot created now", cfg.slot)
-            if export:
-                if any_output_in(self.pipeline, "done"):
-                    log.info('the initial snapshot with replication slot "%s" is in the '
-                             "output already: streaming on", cfg.slot)
-                else:
-                    log.warning('replication slot "%s" exists already: the initial snapshot '
-                                "is taken only with a new slot, so it is not taken again",
-                                cfg.slot)
-                self._snapshot_pending = False
             return False
         if export:  # the export's transaction lasts until the copy's connections import it
             repl.command(no_timeouts(server_version))
@@ -304,105 +252,20 @@ class WalsenderSource:
             server_version=server_version, export=export))
         log.info('created replication slot "%s"', cfg.slot)
         if export:
-            self._exported = True
             # Imported before the next command on this connection, which ends the export.
             _, point, snapshot_name, _ = rows[0]
-            self._copy = SnapshotCopy(cfg.conninfo, snapshot_name, cfg.snapshot_workers)
-            self._copy_lsn = LSN(point)
+            self.initial.slot_made(snapshot_name, point)
         return True
 
     def _drop_slot_command(self, *, wait: bool = False) -> str:
         return (f"DROP_REPLICATION_SLOT {quote_ident_always(self.config.slot)}"
                 + (" WAIT" if wait else ""))
 
-    def _refuse_unresumable_copy(self, tables: list[str]) -> None:
-        """A copy not in key order is taken again whole after an interruption: refused for
-        outputs that cannot take back what they delivered of it (Spark's batches). Said
-        after ``begin_snapshot``, so that the next run makes the slot again."""
-        for m in self.pipeline.members:
-            if getattr(m.ctx.output, "copy_must_resume", False):
-                if self._repl is not None:  # made by this run, for this copy: not kept
-                    with contextlib.suppress(psycopg.Error):
-                        self._repl.command(self._drop_slot_command())
-                raise SourceError(
-                    f'--snapshot: output plugin "{m.plugin.name}" delivers the copy in '
-                    "batches it cannot take back, so the copy must be able to go on after an "
-                    f"interruption; {', '.join(tables)} cannot ({NO_KEY} to copy in order). "
-                    "Give the table a primary key, or leave it out of the publication for the "
-                    "copy. The slot "
-                    "made for it was dropped again")
-
-    def _take_snapshot(self) -> bool:
-        """Copy the published tables through the pipeline, then mark the copy done at the
-        slot's consistent point and make it durable. False if asked to stop first (the next
-        run copies again)."""
-        copy = self._copy
-        assert copy is not None
-        pipeline, lsn = self.pipeline, self._copy_lsn
-        tables = copy.tables(self.config.publications)
-        progress = self.progress.snapshot = SnapshotProgress(
-            tables=len(tables), rows_estimate=sum(t.rows_estimate for t in tables))
-        last_log = last_flush = time.monotonic()
-        unflushed = 0  # chunks since the last flush
-        # Copied in key order, a copy cut short goes on after the last key an output holds
-        # of each range (as an incremental snapshot: docs/snapshot.md); else it starts again.
-        resumable = all(t.ordered for t in tables)
-        pipeline.begin_snapshot()
-        if not resumable:
-            self._refuse_unresumable_copy([t.qualified for t in tables if not t.ordered])
-        try:
-            parts = copy.parts(tables)
-            ledger = CopyLedger(self.config.slot, parts, Decoder(self._proto or 1))
-            if resumable:
-                self._ledger = ledger
-            for chunk in copy.chunks(parts, self._stop.is_set):
-                table = chunk.table
-                assert table.relation is not None
-                saved = ledger.saved()
-                first, finished = ledger.delivered(chunk)
-                if resumable:
-                    pipeline.note_snapshot_progress(ledger.record())
-                try:
-                    pipeline.snapshot_rows(table.relation, table.types, chunk.inserts, lsn,
-                                           copy.read_time, first=first)
-                except BaseException:
-                    ledger.restore(saved)  # its transaction was cut short: not delivered
-                    raise
-                self._copy_delivered = True
-                if resumable:
-                    pipeline.snapshot_checkpoint()
-                progress.rows += len(chunk.inserts)
-                progress.bytes += sum(map(len, chunk.inserts))
-                self.progress.transactions = pipeline.transactions
-                self.progress.changes = pipeline.changes
-                if finished:
-                    progress.tables_done += 1
-                    progress.log(log, f"copied {table.qualified}")
-                now = time.monotonic()
-                unflushed += 1
-                if resumable and (now - last_flush >= 1 or unflushed >= _CHECKPOINT_CHUNKS):
-                    last_flush, unflushed = now, 0
-                    pipeline.flush()
-                if now - last_log >= PROGRESS_INTERVAL:
-                    last_log = now
-                    progress.log(log)
-        except InterruptedError:
-            log.info("stopped during the initial snapshot: the next run goes on with it")
-            return False
-        except psycopg.Error as exc:
-            raise explain(exc, self.config.conninfo, self.config.slot) from None
-        finally:
-            copy.close()
-            self._copy = None
-        if resumable:
-            pipeline.note_snapshot_progress(None)
-            pipeline.snapshot_checkpoint()
-        pipeline.end_snapshot(lsn)
-        pipeline.flush()
-        self._snapshot_pending = False
-        progress.done = True
-        progress.log(log, f"initial snapshot done, consistent with the slot at {lsn}")
-        return True
+    def _drop_slot_made_now(self) -> None:
+        """Drop the slot this run made for its copy, which is refused (not kept)."""
+        if self._repl is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._repl.command(self._drop_slot_command())
 
     def _check_slot(self, repl: ReplicationStream) -> None:
         cfg = self.config
@@ -452,6 +315,7 @@ class WalsenderSource:
             tap = self.tap
             interval = cfg.status_interval
             endpos = cfg.endpos
+            copy_goes_on = self.initial.going_on()  # an initial copy cut short, resumed
             monotonic = time.monotonic
             header = XLOGDATA_HEADER_SIZE
             wal_start_of = xlogdata_wal_start
@@ -494,8 +358,8 @@ class WalsenderSource:
                             received = message.wal_start
                         if not incremental.intercept(message.data, message.wal_start):
                             feed(message.data, message.wal_start)
-                    if endpos is not None and pipeline.at_boundary \
-                            and pipeline.position >= endpos:
+                    if endpos is not None and pipeline.position >= endpos \
+                            and self._complete_at(pipeline.position):
                         finished = True
                         break
                     if stop() and pipeline.at_boundary:
@@ -503,6 +367,9 @@ class WalsenderSource:
                 progress.received = received
                 if incremental.busy and pipeline.at_boundary:
                     incremental.step()  # the next chunk's watermarks and rows
+                if copy_goes_on and not incremental.busy and pipeline.at_boundary:
+                    copy_goes_on = False
+                    self.initial.finished(pipeline.position)
             self._send_status(final=True)
             try:
                 repl.end()
@@ -526,7 +393,7 @@ class WalsenderSource:
         assert self._proto is not None
         incremental = IncrementalSnapshot(cfg.conninfo, cfg.slot, cfg.publications,
                                           self.pipeline, self._proto, binary=cfg.binary)
-        recorded = self._copy_record or recorded_progress(self.pipeline)
+        recorded = self.initial.record or recorded_progress(self.pipeline)
         if recorded is not None:
             incremental.resume(recorded)  # where the output's last durable chunk left it
         for table in cfg.snapshot_tables:
@@ -550,7 +417,23 @@ class WalsenderSource:
         progress.server_time = message.send_time.timestamp()
         if message.reply_requested:
             self._send_status()
-        return endpos is not None and message.wal_end >= endpos and pipeline.at_boundary
+        return endpos is not None and message.wal_end >= endpos \
+            and self._complete_at(pipeline.position)
+
+    def _complete_at(self, lsn: LSN) -> bool:
+        """Whether the stream may end here, past --endpos (``lsn``): between transactions,
+        and with no snapshot under way: -E finishes the copy first (its chunks' watermarks
+        come after endpos), rather than end with tables not copied."""
+        if not self.pipeline.at_boundary:
+            return False
+        incremental = self._incremental
+        if incremental is not None and incremental.busy:
+            if not self._told_copy_goes_on:
+                self._told_copy_goes_on = True
+                log.info("reached --endpos %s with a snapshot under way (%s): going on until "
+                         "it is complete", lsn, ", ".join(self.copy_left()))
+            return False
+        return True
 
     def _keepalive_during_replay(self) -> None:
         """The pipeline's keepalive hook, called between the changes of a transaction it
@@ -581,7 +464,8 @@ class WalsenderSource:
         progress = self.progress
         endpos = self.config.endpos
         finishing = final or self._stop.is_set() or (
-            endpos is not None and pipeline.position >= endpos)
+            endpos is not None and pipeline.position >= endpos
+            and self._complete_at(pipeline.position))
         if finishing and pipeline.at_boundary:
             pipeline.drain()  # outputs that batch deliver what they hold, to be acknowledged
         if self.before_status is not None:

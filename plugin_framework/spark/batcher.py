@@ -66,7 +66,7 @@ class MicroBatchOutput:
 
     @property
     def snapshot_state(self) -> str | None:
-        """"copying" while an initial copy is under way, "done" after it, None without one."""
+        """Where the initial copy stands (framework.outputs.SNAPSHOT_STATES)."""
         return self.plugin._checkpoint_of(self._ctx).snapshot_state
 
     @property
@@ -81,6 +81,12 @@ class MicroBatchOutput:
         """Said before the snapshot rows it goes with; each batch records the progress of
         the last snapshot rows in it (so no ``snapshot_checkpoint`` is needed)."""
         self.plugin._noted_progress = state
+
+    def continue_snapshot(self) -> None:
+        """The copy, cut short, goes on as an incremental snapshot: recorded so."""
+        checkpoint = self.plugin._checkpoint_of(self._ctx)
+        if checkpoint.snapshot_state is not None:
+            checkpoint.set_snapshot_state("incremental")
 
     def end_snapshot(self) -> None:
         """The copy is complete: its last rows are delivered now, then it is recorded done."""

@@ -20,7 +20,7 @@ the snapshot is whose rows the batches up to it hold (``snapshot_progress``: a r
 on from there), and ``CHECKPOINT/snapshot`` whether an initial copy is under way::
 
     CHECKPOINT/data/18.arrow    the rows of batch 18, while fn has not finished it
-    CHECKPOINT/snapshot         {"state": "copying"} or {"state": "done"}
+    CHECKPOINT/snapshot         {"state": "copying"}, "incremental" or "done"
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from plugin_framework import LSN
 from plugin_framework.framework.durable import replace_durably
+from plugin_framework.framework.outputs import SNAPSHOT_STATES
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -111,10 +112,10 @@ class Checkpoint:
         self.acked = LSN(0)  # the ack recorded with the last committed batch
         self._load()
         snapshot = self.directory / "snapshot"
-        self.snapshot_state: str | None = None  # "copying" or "done": an initial copy's
+        self.snapshot_state: str | None = None  # an initial copy's (SNAPSHOT_STATES)
         if snapshot.exists():
             self.snapshot_state = _read(snapshot).get("state")
-            if self.snapshot_state not in ("copying", "done"):
+            if self.snapshot_state is None or self.snapshot_state not in SNAPSHOT_STATES:
                 raise CheckpointError(f"{snapshot} is damaged (state "
                                       f"{self.snapshot_state!r})")
 

@@ -487,6 +487,15 @@ class Pipeline(Streams, TwoPhase):
             if checkpoint is not None:
                 checkpoint()
 
+    def continue_snapshot(self) -> None:
+        """An initial copy cut short goes on as an incremental snapshot inside the stream:
+        outputs that record the copy's state record that (until ``end_snapshot``), so that
+        the copy is not taken for complete while tables are left."""
+        for m in self.members:
+            go_on = getattr(m.ctx.output, "continue_snapshot", None)
+            if go_on is not None:
+                go_on()
+
     def end_snapshot(self, lsn: LSN) -> None:
         """The copy is complete: every output holds what it had of it once durable at
         ``lsn`` (the slot's consistent point), and records the copy as done."""
