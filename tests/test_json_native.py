@@ -99,7 +99,8 @@ SERVER: dict[int, st.SearchStrategy[bytes]] = {
     1700: st.one_of(st.decimals(allow_nan=False, places=2).map(lambda d: str(d).encode()),
                     st.just(b"NaN"), st.just(b"Infinity")),  # numeric
     701: st.one_of(st.floats().map(repr).map(str.encode),
-                   st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e+300"])),  # float8
+                   st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e+300", b"-0",
+                                    b"0"])),  # float8 (the server prints -0.0 as -0)
     16: st.sampled_from([b"t", b"f"]),  # bool
     114: st.sampled_from([b'{"a": 1,\n "b": [1, 2]}', b"[1,\r\n2]", b'"x"', b"null"]),  # json
     3802: st.sampled_from([b'{"a": 1, "b": "\\u00e9\xc3\xa9"}', b"[]", b"3.5"]),  # jsonb

@@ -359,3 +359,22 @@ def test_each_type_keeps_its_native_code(oid: int, options: dict[str, str],
 
 def test_every_declared_native_code_is_expected_of_some_type() -> None:
     assert set(NATIVE_KIND.values()) == {code for _, _, code in EXPECTED_NATIVE if code}
+
+
+def test_a_negative_zero_float_keeps_its_sign_in_json() -> None:
+    """The server prints -0.0 as "-0", which JSON readers take for the integer 0: floats
+    and float arrays write it as -0.0, which reads back with its sign."""
+    import math
+
+    import orjson
+
+    from plugin_framework.pgtypes.converters import TypeConverters
+
+    converters = TypeConverters()
+    for oid, text in ((701, b"-0"), (700, b"-0"), (1022, b"{-0,0,1.5}"), (1021, b"{{-0}}")):
+        value = orjson.loads(orjson.dumps(converters.text(oid)(text)))
+        first = value
+        while isinstance(first, list):
+            first = first[0]
+        assert isinstance(first, float) and math.copysign(1, first) == -1, (oid, value)
+

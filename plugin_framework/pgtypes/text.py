@@ -44,8 +44,15 @@ Fragment: Final = orjson.Fragment
 
 
 def t_float(raw: bytes) -> Any:
-    """Finite: the server's digits as a JSON number. NaN, Infinity, -Infinity: strings."""
+    """Finite: the server's digits as a JSON number, but -0 as -0.0 (JSON readers take
+    ``-0`` for the integer 0, and the sign would be lost). NaN, Infinity, -Infinity:
+    strings."""
+    if raw == b"-0":
+        return _MINUS_ZERO
     return Fragment(raw) if 47 < raw[-1] < 58 else raw.decode()
+
+
+_MINUS_ZERO: Final = Fragment(b"-0.0")
 
 
 # boolean text is "t" or "f": a dict lookup, called from C, is the cheapest conversion

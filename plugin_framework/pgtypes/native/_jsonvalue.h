@@ -27,7 +27,8 @@ enum {
     C_PYCALL,       /* any other converter: call it, then orjson.dumps the result */
     C_VERBATIM,     /* orjson.Fragment: the text is the JSON value (integers, jsonb) */
     C_STRING,       /* bytes.decode: a JSON string */
-    C_FLOAT,        /* t_float: finite values verbatim, NaN and infinities as strings */
+    C_FLOAT,        /* t_float: finite values verbatim (-0 as -0.0), NaN and infinities as
+                       strings */
     C_BOOL,         /* t_bool: "t" / "f" */
     C_JSON,         /* t_json: verbatim, line breaks as spaces */
     C_TIMESTAMP,    /* t_timestamp: ISO 8601 ("T" between date and time) */
@@ -322,6 +323,8 @@ static int put_value(const JsonColumns *self, Buf *b, Py_ssize_t i, const Column
     case C_STRING:
         return put_string(b, s, n);
     case C_FLOAT:
+        if (n == 2 && s[0] == '-' && s[1] == '0')
+            return PUT_LITERAL(b, "-0.0"); /* JSON readers take -0 for the integer 0 */
         if (n > 0 && is_digit(s[n - 1]))
             return put(b, s, n);
         rc = DEFER; /* NaN, Infinity: strings, through Python */
