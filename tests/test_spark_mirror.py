@@ -231,6 +231,20 @@ def assert_took_both_ways(db: Any, slot: str) -> None:
     assert rows and rows[0][0] > 0 and rows[0][1], (slot, rows)
 
 
+def assert_chains(versions: list[dict[str, Any]], key: str) -> None:
+    """Each key's versions form a chain: ordered by ``_valid_from_lsn``, each but the last
+    ends no later than the next begins (no two valid at once), and only the last may be
+    current."""
+    by_key: dict[Any, list[dict[str, Any]]] = {}
+    for v in versions:
+        by_key.setdefault(v[key], []).append(v)
+    for k, chain in by_key.items():
+        chain.sort(key=lambda v: v["_valid_from_lsn"])
+        for older, newer in itertools.pairwise(chain):
+            assert not older["_is_current"], (k, older, newer)
+            assert older["_valid_to_lsn"] <= newer["_valid_from_lsn"], (k, older, newer)
+
+
 def assert_history(db: Any, path: str,
                    points: list[tuple[int, Counter[Any], Counter[Any]]]) -> None:
     """The history's current versions are the tables; as of the end of each recorded
@@ -251,6 +265,7 @@ def assert_history(db: Any, path: str,
             assert v["_valid_to_lsn"] is None or v["_valid_to_lsn"] > v["_valid_from_lsn"]
         current = as_of(table, table_columns(db, table), None)
         assert Counter(current) == table_rows(db, table), table
+    assert_chains(versions["public.m_pk"], "id")
     assert len(points) > 50
     # equal rows came and went (so the history counted them)
     assert any(n > 1 for _, _, m_full in points for n in m_full.values())
