@@ -119,23 +119,30 @@ def test_prepared_transactions_killed_at_every_step_reach_the_batches_once(
         max_rows = str(BIG_ROWS) if step in ("prepared", "committed") else "1"
         proc = _start(db, slot, tmp_path, "--step", step, "--gids", ",".join(gids),
                       "--max-rows", max_rows)
-        _until(proc, tmp_path, f"at step {step}", (tmp_path / "killme").exists)
-        if step == "acknowledged":
-            # acknowledgements do go out once the batch is finished
-            _until(proc, tmp_path, "acknowledged",
-                   lambda end=end: _confirmed(db, slot) >= end)
-        else:
-            time.sleep(1.0)  # ten status intervals: whatever the runner acknowledges, it has
-            confirmed = _confirmed(db, slot)
-            if step != "batch_committed":
-                assert confirmed < prepared, (
-                    f"at {step}, the slot was acknowledged to {confirmed}, past the PREPARE "
-                    f"ending at {prepared} of a transaction no finished batch holds")
-        _kill(db, slot, proc)
+        try:
+            _until(proc, tmp_path, f"at step {step}", (tmp_path / "killme").exists)
+            if step == "acknowledged":
+                # acknowledgements do go out once the batch is finished
+                _until(proc, tmp_path, "acknowledged",
+                       lambda end=end: _confirmed(db, slot) >= end)
+            else:
+                time.sleep(1.0)  # ten status intervals: whatever the runner acknowledges, it has
+                confirmed = _confirmed(db, slot)
+                if step != "batch_committed":
+                    assert confirmed < prepared, (
+                        f"at {step}, the slot was acknowledged to {confirmed}, past the "
+                        f"PREPARE ending at {prepared} of a transaction no finished batch "
+                        "holds")
+        finally:
+            _kill(db, slot, proc)
 
     proc = _start(db, slot, tmp_path, "--endpos", str(_lsn(db)), "--max-rows", "1000")
-    _until(proc, tmp_path, "done", (tmp_path / "done").exists)
-    assert proc.wait(60) == 0
+    try:
+        _until(proc, tmp_path, "done", (tmp_path / "done").exists)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            _kill(db, slot, proc)
 
     rows = [json.loads(line) for path in sorted((tmp_path / "out").glob("batch-*.jsonl"))
             for line in path.read_text().splitlines()]
