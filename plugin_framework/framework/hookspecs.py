@@ -8,9 +8,19 @@ pgdecode calls one plugin's callbacks at a time, with that plugin's own context.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pluggy
+
+if TYPE_CHECKING:
+    from plugin_framework.framework.context import (
+        FastChange,
+        LogicalDecodingContext,
+        OutputPluginOptions,
+    )
+    from plugin_framework.framework.model import Change, Relation, Transaction, TruncateChange
+    from plugin_framework.protocol import LSN
 
 PROJECT = "pgdecode"
 
@@ -19,122 +29,127 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec(firstresult=True)
-def startup(ctx: Any, options: Any, is_init: bool) -> None:
+def startup(ctx: LogicalDecodingContext, options: OutputPluginOptions, is_init: bool) -> None:
     """Once, before anything else: validate ``ctx.output_plugin_options``, set
     ``options.output_type`` and allocate ``ctx.output_plugin_private``. ``is_init`` is true
     when the slot is being created."""
 
 
 @hookspec(firstresult=True)
-def shutdown(ctx: Any) -> None:
+def shutdown(ctx: LogicalDecodingContext) -> None:
     """Once, when decoding ends: release what startup allocated."""
 
 
 @hookspec(firstresult=True)
-def begin(ctx: Any, txn: Any) -> None:
+def begin(ctx: LogicalDecodingContext, txn: Transaction) -> None:
     """A committed transaction starts."""
 
 
 @hookspec(firstresult=True)
-def change(ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+def change(ctx: LogicalDecodingContext, txn: Transaction, relation: Relation,
+           change: Change) -> None:
     """One INSERT, UPDATE or DELETE of ``txn`` on ``relation``."""
 
 
 @hookspec(firstresult=True)
-def truncate(ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+def truncate(ctx: LogicalDecodingContext, txn: Transaction, relations: list[Relation],
+             change: TruncateChange) -> None:
     """One TRUNCATE statement over ``relations``; ``change`` carries cascade and
     restart_identity."""
 
 
 @hookspec(firstresult=True)
-def commit(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+def commit(ctx: LogicalDecodingContext, txn: Transaction, commit_lsn: LSN) -> None:
     """The transaction begun by ``begin`` committed at ``commit_lsn``."""
 
 
 @hookspec(firstresult=True)
-def message(ctx: Any, txn: Any, message_lsn: Any, transactional: bool, prefix: str,
-            message: bytes) -> None:
+def message(ctx: LogicalDecodingContext, txn: Transaction | None, message_lsn: LSN,
+            transactional: bool, prefix: str, message: bytes) -> None:
     """A logical message (pg_logical_emit_message). ``txn`` is None for a non-transactional
     message."""
 
 
 @hookspec(firstresult=True)
-def filter_by_origin(ctx: Any, origin: str) -> bool:
+def filter_by_origin(ctx: LogicalDecodingContext, origin: str) -> bool:
     """Return true to skip every transaction replayed from replication origin ``origin``."""
     raise NotImplementedError
 
 
 @hookspec(firstresult=True)
-def filter_prepare(ctx: Any, xid: int, gid: str) -> bool:
+def filter_prepare(ctx: LogicalDecodingContext, xid: int, gid: str) -> bool:
     """Return true to decode the prepared transaction ``gid`` as an ordinary one at COMMIT
     PREPARED instead of at PREPARE TRANSACTION."""
     raise NotImplementedError
 
 
 @hookspec(firstresult=True)
-def begin_prepare(ctx: Any, txn: Any) -> None:
+def begin_prepare(ctx: LogicalDecodingContext, txn: Transaction) -> None:
     """A transaction that will be prepared starts."""
 
 
 @hookspec(firstresult=True)
-def prepare(ctx: Any, txn: Any, prepare_lsn: Any) -> None:
+def prepare(ctx: LogicalDecodingContext, txn: Transaction, prepare_lsn: LSN) -> None:
     """The transaction begun by ``begin_prepare`` was prepared (PREPARE TRANSACTION)."""
 
 
 @hookspec(firstresult=True)
-def commit_prepared(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+def commit_prepared(ctx: LogicalDecodingContext, txn: Transaction, commit_lsn: LSN) -> None:
     """A prepared transaction was committed (COMMIT PREPARED)."""
 
 
 @hookspec(firstresult=True)
-def rollback_prepared(ctx: Any, txn: Any, prepare_end_lsn: Any, prepare_time: Any) -> None:
+def rollback_prepared(ctx: LogicalDecodingContext, txn: Transaction, prepare_end_lsn: LSN,
+                      prepare_time: datetime) -> None:
     """A prepared transaction was rolled back (ROLLBACK PREPARED)."""
 
 
 @hookspec(firstresult=True)
-def stream_start(ctx: Any, txn: Any) -> None:
+def stream_start(ctx: LogicalDecodingContext, txn: Transaction) -> None:
     """A block of changes of the in-progress transaction ``txn`` starts."""
 
 
 @hookspec(firstresult=True)
-def stream_stop(ctx: Any, txn: Any) -> None:
+def stream_stop(ctx: LogicalDecodingContext, txn: Transaction) -> None:
     """The block of changes started by ``stream_start`` ends."""
 
 
 @hookspec(firstresult=True)
-def stream_abort(ctx: Any, txn: Any, abort_lsn: Any) -> None:
+def stream_abort(ctx: LogicalDecodingContext, txn: Transaction, abort_lsn: LSN | None) -> None:
     """A streamed transaction, or one of its subtransactions (``txn.toptxn`` set), aborted:
     discard its changes. ``abort_lsn`` is None unless the server sent it."""
 
 
 @hookspec(firstresult=True)
-def stream_prepare(ctx: Any, txn: Any, prepare_lsn: Any) -> None:
+def stream_prepare(ctx: LogicalDecodingContext, txn: Transaction, prepare_lsn: LSN) -> None:
     """A streamed transaction was prepared."""
 
 
 @hookspec(firstresult=True)
-def stream_commit(ctx: Any, txn: Any, commit_lsn: Any) -> None:
+def stream_commit(ctx: LogicalDecodingContext, txn: Transaction, commit_lsn: LSN) -> None:
     """A streamed transaction committed: apply its streamed changes."""
 
 
 @hookspec(firstresult=True)
-def stream_change(ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+def stream_change(ctx: LogicalDecodingContext, txn: Transaction, relation: Relation,
+                  change: Change) -> None:
     """One change inside a stream block; ``txn`` may be a subtransaction."""
 
 
 @hookspec(firstresult=True)
-def stream_message(ctx: Any, txn: Any, message_lsn: Any, transactional: bool, prefix: str,
-                   message: bytes) -> None:
+def stream_message(ctx: LogicalDecodingContext, txn: Transaction, message_lsn: LSN,
+                   transactional: bool, prefix: str, message: bytes) -> None:
     """A transactional logical message inside a stream block."""
 
 
 @hookspec(firstresult=True)
-def stream_truncate(ctx: Any, txn: Any, relations: Any, change: Any) -> None:
+def stream_truncate(ctx: LogicalDecodingContext, txn: Transaction, relations: list[Relation],
+                    change: TruncateChange) -> None:
     """A TRUNCATE inside a stream block."""
 
 
 @hookspec(firstresult=True)
-def fast_change(ctx: Any, relation: Any) -> Any:
+def fast_change(ctx: LogicalDecodingContext, relation: Relation) -> FastChange | None:
     """Optional, pgdecode's own (no C counterpart in OutputPluginCallbacks): a formatter of
     ``relation``'s row changes straight from their pgoutput bytes, or None to leave that
     relation's changes to ``change``.
