@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from plugin_framework._native import load_native, native_status
 from plugin_framework.framework import (
     Action,
     CallbackError,
@@ -44,5 +45,6 @@ __all__ = [
     "LSN", "UNCHANGED_TOAST", "Action", "CallbackError", "Change", "Column", "FileOutput",
     "LogicalDecodingContext", "MemoryOutput", "OutputPlugin", "OutputPluginOptions",
     "OutputRecord", "OutputType", "Pipeline", "PipelineError", "PluginLoadError", "Relation",
-    "Row", "Transaction", "TruncateChange", "__version__", "hookimpl",
+    "Row", "Transaction", "TruncateChange", "__version__", "hookimpl", "load_native",
+    "native_status",
 ]

@@ -16,6 +16,7 @@ import pytest
 from pgtest import TestDatabase, create_database, drop_database
 from streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
 
+from plugin_framework._native import impl
 from plugin_framework.cluster import (
     LocalCluster,
     available_bindirs,
@@ -83,6 +84,9 @@ def env(probes: Path) -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    python_only = impl() == "python"
     for item in items:
         if "pg" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.server)
+        if python_only and item.get_closest_marker("native"):
+            item.add_marker(pytest.mark.skip(reason="PGDECODE_IMPL=python: no C module runs"))

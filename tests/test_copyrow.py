@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from plugin_framework.protocol import Insert, TupleData, encode
 from plugin_framework.sources.libpq import mapped_libpq
 
-_copyrow = pytest.importorskip("plugin_framework.sources._copyrow",
+_copyrow = pytest.importorskip("plugin_framework.sources.native._copyrow",
                                reason="built without a C compiler")
 
 _SIMPLE = {ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("v"): 11}

@@ -40,6 +40,10 @@ from plugin_framework.protocol import (
     encode,
 )
 
+# The C formatters against their Python references: nothing to compare under
+# PGDECODE_IMPL=python
+pytestmark = pytest.mark.native
+
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 TOP, SUB = 900, 901
 

@@ -1,5 +1,5 @@
-"""The json emitter's C fast path (emitters/_jsonrow.c) writes exactly the lines of its Python
-change callback, or declines and leaves the change to it.
+"""The json emitter's C fast path (emitters/json/native/_jsonrow.c) writes exactly the lines of
+its Python change callback, or declines and leaves the change to it.
 
 Each example runs one transaction through two pipelines (tests/native.py): the fast path on,
 as ``pgdecode stream`` runs it, and off (every change through the Python callback, the
@@ -37,11 +37,14 @@ from plugin_framework.protocol import (
     encode,
 )
 
+# The C formatter against its Python reference: nothing to compare under PGDECODE_IMPL=python
+pytestmark = pytest.mark.native
+
 
 def test_the_fast_path_is_built() -> None:
     """`pip install` compiles it (gcc is on every machine here): without it, nothing below
     would test anything and `pgdecode stream` would be slow."""
-    from emitters import _jsonrow
+    from emitters.json.native import _jsonrow
 
     assert _jsonrow.RowFormat is not None
 
@@ -204,7 +207,7 @@ def test_every_c_code_is_declared_by_one_converter() -> None:
     """The C module's codes and pgtypes' declarations name the same conversions: none is
     declared twice, none the C code has is left undeclared (then unused), none declared is
     missing from the C code."""
-    from emitters import _jsonrow
+    from emitters.json.native import _jsonrow
 
     codes = {name for name in dir(_jsonrow)
              if name.isupper() and isinstance(getattr(_jsonrow, name), int)}

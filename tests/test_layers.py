@@ -24,7 +24,7 @@ TOP_PACKAGES = ("plugin_framework", "emitters", "contrib")
 # the package's __init__ (its public API: the framework and protocol names it re-exports).
 # pgtypes does not exist yet everywhere: it is accepted once it appears.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("plugin_framework._frozen",)),
+    ("base", ("plugin_framework._frozen", "plugin_framework._native")),
     ("protocol", ("plugin_framework.protocol",)),
     ("pgtypes", ("plugin_framework.pgtypes",)),
     ("framework", ("plugin_framework.framework", "plugin_framework")),

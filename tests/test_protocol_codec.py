@@ -327,6 +327,7 @@ def test_the_c_header_is_generated_from_the_tags() -> None:
 
 # --- the C TupleData reader (protocol/native/_tuples.c) against the Python one it mirrors -----
 
+@pytest.mark.native
 def test_the_c_tuple_reader_is_built() -> None:
     """`pip install` compiles it; without it, the tests below would compare nothing."""
     from plugin_framework.protocol import tuples
@@ -343,6 +344,7 @@ def _tuple_bytes() -> st.SearchStrategy[bytes]:
                      st.lists(column, max_size=12), st.binary(max_size=4))
 
 
+@pytest.mark.native
 @settings(max_examples=1500, deadline=None)
 @given(st.one_of(_tuple_bytes(), st.binary(max_size=40),
                  _tuple_bytes().flatmap(lambda raw: st.integers(0, len(raw)).map(

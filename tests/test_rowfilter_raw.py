@@ -44,6 +44,7 @@ TABLE = ("CREATE TABLE rf (id int PRIMARY KEY, a int, b bigint, s smallint, flag
 COLUMNS = [("id", 23), ("a", 23), ("b", 20), ("s", 21), ("flag", 16), ("t", 25), ("v", 1043)]
 
 
+@pytest.mark.native
 def test_the_raw_filter_is_built() -> None:
     from plugin_framework.rowfilter.native import _rawfilter
 

@@ -1,5 +1,5 @@
-"""The text emitter's C fast path (emitters/_textrow.c) writes exactly the lines of its Python
-change callback (test_decoding's format), or declines and leaves the change to it.
+"""The text emitter's C fast path (emitters/text/native/_textrow.c) writes exactly the lines of
+its Python change callback (test_decoding's format), or declines and leaves the change to it.
 
 Each example runs transactions through two pipelines (tests/native.py): the fast path on, as
 ``pgdecode stream`` runs it, and off (every change through the Python callback, the
@@ -37,11 +37,14 @@ from plugin_framework.protocol import (
     encode,
 )
 
+# The C formatter against its Python reference: nothing to compare under PGDECODE_IMPL=python
+pytestmark = pytest.mark.native
+
 
 def test_the_fast_path_is_built() -> None:
     """`pip install` compiles it (gcc is on every machine here): without it, nothing below
     would test anything and `pgdecode stream --emitter text` would be slow."""
-    from emitters import _textrow
+    from emitters.text.native import _textrow
 
     assert _textrow.RowFormat is not None
 
@@ -139,7 +142,7 @@ def test_a_binary_column_is_the_callbacks_error() -> None:
     dict(heads=(b"a", b"b", b"c"), styles=b"\0", opens=("x",), bares=(b"y",)),
 ])
 def test_the_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
-    from emitters import _textrow
+    from emitters.text.native import _textrow
 
     with pytest.raises(ValueError):
         _textrow.RowFormat(1, bad["heads"], bad["styles"], bad["opens"], bad["bares"], False)

@@ -1,5 +1,6 @@
-"""The wal2json emitter's C fast path (emitters/_wal2jsonrow.c, format versions 1 and 2) writes
-exactly the objects of its Python change callback, or declines and leaves the change to it.
+"""The wal2json emitter's C fast path (emitters/wal2json/native/_wal2jsonrow.c, format versions
+1 and 2) writes exactly the objects of its Python change callback, or declines and leaves the
+change to it.
 
 Each example runs transactions through two pipelines (tests/native.py): the fast path on, as
 ``pgdecode stream`` runs it, and off (every change through the Python callback, the
@@ -27,9 +28,12 @@ from plugin_framework.protocol import (
     Update,
 )
 
+# The C formatter against its Python reference: nothing to compare under PGDECODE_IMPL=python
+pytestmark = pytest.mark.native
+
 
 def test_the_fast_path_is_built() -> None:
-    from emitters import _wal2jsonrow
+    from emitters.wal2json.native import _wal2jsonrow
 
     assert _wal2jsonrow.RowFormat is not None
     assert _wal2jsonrow.V1RowFormat is not None
@@ -171,7 +175,7 @@ def test_damaged_v1_messages_are_left_to_the_decoder(
     dict(pks=("x",)),
 ])
 def test_the_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
-    from emitters import _wal2jsonrow
+    from emitters.wal2json.native import _wal2jsonrow
 
     args: dict[str, Any] = dict(relid=1, heads=(b"a", b"b", b"c"), schema_table=b"",
                                 befores=(b"x",), afters=(b"y",), pks=(b"z",), codes=b"\0",
@@ -189,7 +193,7 @@ def test_the_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
     dict(names=("x",)),
 ])
 def test_the_v1_formatter_checks_what_it_is_made_of(bad: dict[str, Any]) -> None:
-    from emitters import _wal2jsonrow
+    from emitters.wal2json.native import _wal2jsonrow
 
     args: dict[str, Any] = dict(relid=1, heads=(b"a", b"b", b"c"), pieces=(b"",) * 12,
                                 names=(b"x",), types=(b"y",), oids=(b"z",), codes=b"\0",

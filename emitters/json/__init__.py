@@ -11,7 +11,7 @@ specified by docs/json-change.schema.json.
 - ``relation``: the per-relation plan (names, converters, the bytes of the line's fixed
   parts) and the row objects.
 - ``emitter``: JsonEmitter, its callbacks and its per-context state.
-- ``fast``: the glue to the C fast path, emitters/_jsonrow.c.
+- ``fast``: the glue to the C fast path, emitters/json/native/_jsonrow.c.
 
 Speed: a line is assembled from byte strings computed once per relation (its op, schema and
 table prefix, its key list) and once per transaction (xid, commit LSN and time, origin, gid);
@@ -22,10 +22,10 @@ verbatim as an ``orjson.Fragment``, so nothing is parsed. Binary-format values (
 ``binary`` option) are decoded to the text the server would have sent, then converted by the
 same rules, so that the JSON is the same whichever format the server used.
 
-The fast path: where the C module ``emitters._jsonrow`` is built (it is, by ``pip install``
-with a C compiler), each relation's plan also gets a ``RowFormat`` that writes the line of an
-Insert, Update or Delete straight from the pgoutput message, which the pipeline then uses
-instead of decoding the message and calling ``change`` (the ``fast_change`` callback). It takes the
+The fast path: where the C module ``emitters.json.native._jsonrow`` is built (it is, by ``pip
+install`` with a C compiler), each relation's plan also gets a ``RowFormat`` that writes the line of
+an Insert, Update or Delete straight from the pgoutput message, which the pipeline then uses instead
+of decoding the message and calling ``change`` (the ``fast_change`` callback). It takes the
 common forms of the common types' text, for the converters that declare a native code
 (``pgtypes.NATIVE_KIND``); it hands any other value to the column's Python converter, and
 anything else (binary-format columns, malformed data) back to ``change``, so the lines are

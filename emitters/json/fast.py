@@ -1,4 +1,4 @@
-"""The glue to the json emitter's C fast path, emitters/_jsonrow.c.
+"""The glue to the json emitter's C fast path, emitters/json/native/_jsonrow.c.
 
 A column is formatted in C when its text converter declares a native code in
 ``plugin_framework.pgtypes.NATIVE_KIND``; any other converter the C code calls. Nothing here
@@ -9,16 +9,17 @@ called, and tests/test_json_native.py holds each declared code equal to its conv
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
+from plugin_framework import load_native
 from plugin_framework.pgtypes import Converter, native_codes
 
-try:
-    from emitters import _jsonrow
-except ImportError:  # installed without a C compiler: every line is formatted in Python
-    _jsonrow = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from emitters.json.native import _jsonrow
+else:
+    _jsonrow = load_native("emitters.json.native._jsonrow")
 
 __all__ = ["FAST_PATH_BUILT", "native_code", "row_format"]
 
@@ -32,8 +33,8 @@ _code: Final[Callable[[Converter], int] | None] = (
 
 
 def native_code(conv: Converter) -> int:
-    """How emitters._jsonrow converts a column whose text converter is ``conv``: by the code
-    the converter declares, else by calling ``conv`` (PYCALL)."""
+    """How emitters.json.native._jsonrow converts a column whose text converter is ``conv``:
+    by the code the converter declares, else by calling ``conv`` (PYCALL)."""
     assert _code is not None
     return _code(conv)
 

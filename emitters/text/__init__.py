@@ -64,7 +64,8 @@ Known differences (docs/emitters-text.md has the details):
 
 The modules: ``options`` (the option table), ``relation`` (how a table's rows print, made once
 per Relation message), ``fast`` (the glue to the C formatter of row changes,
-emitters/_textrow.c, made from what ``relation`` computes) and ``emitter`` (the callbacks).
+emitters/text/native/_textrow.c, made from what ``relation`` computes) and ``emitter`` (the
+callbacks).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The glue to the text emitter's C fast path, emitters/_textrow.c.
+"""The glue to the text emitter's C fast path, emitters/text/native/_textrow.c.
 
 A relation's formatter is made from what ``RelationText`` computed for it (the line heads,
 each column's print_literal style and headers), so the C code and the Python callback print
@@ -14,10 +14,12 @@ from emitters.text.relation import BARE, BIT, BOOL, QUOTED
 if TYPE_CHECKING:
     from emitters.text.relation import RelationText
 
-try:
-    from emitters import _textrow
-except ImportError:  # installed without a C compiler: every line is formatted in Python
-    _textrow = None  # type: ignore[assignment]
+from plugin_framework import load_native
+
+if TYPE_CHECKING:
+    from emitters.text.native import _textrow
+else:
+    _textrow = load_native("emitters.text.native._textrow")
 
 __all__ = ["FAST_PATH_BUILT", "row_format"]
 

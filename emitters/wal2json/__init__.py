@@ -15,8 +15,8 @@ session time zone. Options that need it are rejected without a catalog.
 The modules, in import order: ``options`` (the option table and ``read_options``), ``state``
 (the plugin's private data and a plan per table), ``relation`` (a table's plan, made once per
 Relation message, and how values print as JSON), ``v1`` and ``v2`` (the two formats), ``fast``
-(the glue to format 2's C formatter, emitters/_wal2jsonrow.c, made from a table's plan), and
-``emitter`` (the callbacks).
+(the glue to format 2's C formatter, emitters/wal2json/native/_wal2jsonrow.c, made from a
+table's plan), and ``emitter`` (the callbacks).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The glue to the wal2json emitter's C fast path, emitters/_wal2jsonrow.c.
+"""The glue to the wal2json emitter's C fast path, emitters/wal2json/native/_wal2jsonrow.c.
 
 A formatter is made from a table's plan (``Rel``, relation.compile_relation), so the C code
 prints from what the Python ``v2_change`` and ``v1_change`` print from: format version 2's
@@ -11,7 +11,7 @@ leaves the whole table to Python. tests/test_wal2json_native.py holds the two eq
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from emitters.wal2json.relation import (
     bool_value,
@@ -21,11 +21,12 @@ from emitters.wal2json.relation import (
     string_value,
 )
 from emitters.wal2json.state import Converter, Rel, State
+from plugin_framework import load_native
 
-try:
-    from emitters import _wal2jsonrow
-except ImportError:  # installed without a C compiler: every object is formatted in Python
-    _wal2jsonrow = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from emitters.wal2json.native import _wal2jsonrow
+else:
+    _wal2jsonrow = load_native("emitters.wal2json.native._wal2jsonrow")
 
 __all__ = ["FAST_PATH_BUILT", "v1_row_format", "v2_row_format"]
 

@@ -16,6 +16,31 @@ from plugin_framework.rowfilter import add_cli_arguments
 from plugin_framework.sources.errors import ConninfoError, check_conninfo
 from plugin_framework.sources.session import SourceConfig
 
+# The modules that load pgdecode's C modules (plugin_framework._native), imported by --version
+# so that it can say which are in use.
+NATIVE_USERS = ("plugin_framework.protocol.tuples", "plugin_framework.framework.context",
+                "plugin_framework.rowfilter.raw", "plugin_framework.sources.snapshot",
+                "plugin_framework.spark.changerows", "emitters.json.fast", "emitters.text.fast",
+                "emitters.wal2json.fast")
+
+
+class VersionAction(argparse.Action):
+    """``--version``: pgdecode's version, then each C module and whether it runs (else the
+    Python code it mirrors runs, and why: not built, or PGDECODE_IMPL=python)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        import importlib
+
+        from plugin_framework import native_status
+
+        for name in NATIVE_USERS:
+            importlib.import_module(name)
+        lines = [f"pgdecode {__version__}", "C modules:"]
+        lines += [f"  {module}: {status}" for module, status in native_status().items()]
+        print("\n".join(lines))
+        parser.exit()
+
 
 def positive_seconds(text: str) -> float:
     """--status-interval: a positive, finite number of seconds."""
@@ -57,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Consume PostgreSQL logical replication (pgoutput) with Python output "
                     "plugins.",
     )
-    parser.add_argument("--version", action="version", version=f"pgdecode {__version__}")
+    parser.add_argument("--version", action=VersionAction, nargs=0,
+                        help="show the version and which C modules are in use, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def emitter_args(p: argparse.ArgumentParser, default: str) -> None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from plugin_framework._native import load_native
 from plugin_framework.framework.model import Transaction
 from plugin_framework.framework.outputs import Output, OutputError, new_record, write_many
 from plugin_framework.protocol import LSN
 
-try:
+if TYPE_CHECKING:
     from plugin_framework.framework.native._text import first_invalid_utf8, is_utf8
-except ImportError:  # installed without a C compiler: each line is decoded
-    first_invalid_utf8 = is_utf8 = None  # type: ignore[assignment]
+else:
+    _text = load_native("plugin_framework.framework.native._text")
+    first_invalid_utf8 = None if _text is None else _text.first_invalid_utf8
+    is_utf8 = None if _text is None else _text.is_utf8
 
 
 class OutputType(StrEnum):

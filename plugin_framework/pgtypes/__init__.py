@@ -5,7 +5,7 @@
 - ``format_type``: type names as the server prints them (format_type.c).
 - ``text``, ``datetimes``, ``binary``: a value's text or send format -> the server's text or
   a JSON-ready value; ``converters``: the converters of each column type (TypeConverters),
-  and which of them emitters/_jsonrow.c mirrors in C (NATIVE_KIND).
+  and which of them emitters/json/native/_jsonrow.c mirrors in C (NATIVE_KIND).
 
 Sits directly on the protocol layer; the framework, row filters, sources, Spark and the
 emitters use it. It also names, for the layers above protocol, the four kinds of a column

@@ -1,5 +1,6 @@
 """TypeConverters: for each column type, the converter of its text and of its send format to
-a JSON-ready value; and NATIVE_KIND, which of those converters emitters/_jsonrow.c mirrors.
+a JSON-ready value; and NATIVE_KIND, which of those converters
+emitters/json/native/_jsonrow.c mirrors.
 
 Used by the json emitter and by Spark's change builder, so that both give a type the same
 values.
@@ -141,7 +142,7 @@ _MULTIRANGE_RANGES: Final = {INT4MULTIRANGE: INT4RANGE, NUMMULTIRANGE: NUMRANGE,
 _ARRAYS: Final = {t.array_oid: t.oid for t in psycopg_types if t.array_oid}
 _DELIMITERS: Final = {t.oid: t.delimiter.encode() for t in psycopg_types if t.delimiter != ","}
 
-# --- the converters that emitters/_jsonrow.c mirrors ------------------------------------------
+# --- the converters that emitters/json/native/_jsonrow.c mirrors ----------------------------
 
 NATIVE_KIND: Final[Mapping[Converter, str]] = MappingProxyType({
     Fragment: "VERBATIM",
@@ -155,9 +156,9 @@ NATIVE_KIND: Final[Mapping[Converter, str]] = MappingProxyType({
     INTEGER_ARRAY: "ARRAY_INT",
     BOOL_ARRAY: "ARRAY_BOOL",
 })
-"""Text converter -> the name of the code by which emitters/_jsonrow.c formats a column with
-that converter in C (its module constants: ``_jsonrow.FLOAT``...); any converter not named
-here the C code calls. A change to one of these converters must be made to the C code too:
+"""Text converter -> the name of the code by which emitters/json/native/_jsonrow.c formats a column
+with that converter in C (its module constants: ``_jsonrow.FLOAT``...); any converter not named here
+the C code calls. A change to one of these converters must be made to the C code too:
 tests/test_json_native.py checks each against its C code (hypothesis), and
 tests/test_pgtypes.py that each type keeps the converter, and each converter the code, that
 they have."""

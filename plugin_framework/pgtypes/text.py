@@ -4,8 +4,8 @@ arrays of any element type.
 A converter takes the bytes the server sent in text format and returns what orjson prints as
 the value's JSON: for integers, finite floats and jsonb the server's text already is that JSON
 and is embedded verbatim as an ``orjson.Fragment``, so nothing is parsed. Timestamps and
-intervals are in pgtypes.datetimes. The converters that emitters/_jsonrow.c mirrors in C are
-declared in pgtypes.converters (``NATIVE_KIND``).
+intervals are in pgtypes.datetimes. The converters that emitters/json/native/_jsonrow.c
+mirrors in C are declared in pgtypes.converters (``NATIVE_KIND``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ the tuple and raises the exact error.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from plugin_framework._frozen import frozen_setters, new_object
+from plugin_framework._native import load_native
 from plugin_framework.protocol.errors import (
     InvalidFieldError,
     ProtocolError,
@@ -24,10 +26,11 @@ from plugin_framework.protocol.messages import (
     TupleData,
 )
 
-try:
+if TYPE_CHECKING:
     from plugin_framework.protocol.native._tuples import read_tuple as c_read_tuple
-except ImportError:  # installed without a C compiler: tuples are read in Python
-    c_read_tuple = None  # type: ignore[assignment]
+else:
+    _tuples = load_native("plugin_framework.protocol.native._tuples")
+    c_read_tuple = None if _tuples is None else _tuples.read_tuple
 
 __all__ = ["c_read_tuple", "make_tuple_data", "read_tuple", "read_tuple_py", "show",
            "truncated"]

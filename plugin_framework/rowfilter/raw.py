@@ -17,15 +17,16 @@ program, and its relation's changes are decoded and filtered in Python.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plugin_framework.rowfilter.nodes as n
+from plugin_framework._native import load_native
 from plugin_framework.pgtypes.oids import BOOL, INT2, INT4, INT8, TEXT, UNKNOWN, VARCHAR
 
-try:
+if TYPE_CHECKING:
     from plugin_framework.rowfilter.native import _rawfilter
-except ImportError:  # installed without a C compiler: every change is filtered in Python
-    _rawfilter = None  # type: ignore[assignment]
+else:
+    _rawfilter = load_native("plugin_framework.rowfilter.native._rawfilter")
 
 __all__ = ["RAW_FILTER_BUILT", "RawFilter", "raw_filter"]
 

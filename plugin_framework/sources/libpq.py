@@ -25,18 +25,19 @@ import re
 import select
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.abc import Buffer
 
+from plugin_framework._native import load_native
 from plugin_framework.sources.replication import failed_result
 
-try:
-    from plugin_framework.sources import _copyrow
-except ImportError:  # installed without a C compiler
-    _copyrow = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from plugin_framework.sources.native import _copyrow
+else:
+    _copyrow = load_native("plugin_framework.sources.native._copyrow")
 
 log = logging.getLogger("pgdecode.snapshot")
 

@@ -29,11 +29,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
+from plugin_framework._native import load_native
 from plugin_framework.protocol import (
     Decoder,
     Insert,
@@ -46,10 +47,10 @@ from plugin_framework.protocol import (
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.libpq import copy_out, copy_reader_bound
 
-try:
-    from plugin_framework.sources import _copyrow
-except ImportError:  # installed without a C compiler: psycopg's parser and our encoder
-    _copyrow = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from plugin_framework.sources.native import _copyrow
+else:
+    _copyrow = load_native("plugin_framework.sources.native._copyrow")
 
 log = logging.getLogger("pgdecode.snapshot")
 

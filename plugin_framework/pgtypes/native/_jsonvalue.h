@@ -2,7 +2,7 @@
  * _jsonvalue.h: PostgreSQL values as JSON, straight from their text in a pgoutput tuple:
  * the C mirror of the text converters that plugin_framework/pgtypes/converters.py marks in
  * NATIVE_KIND (each such converter's values, as orjson writes them), and a tuple as a JSON
- * object of them. The json emitter's fast path (emitters/_jsonrow.c) and the Spark change
+ * object of them. The json emitter's fast path (emitters/json/native/_jsonrow.c) and the Spark change
  * builder's (plugin_framework/spark/native/_changerows.c) both include it, so a type has one
  * definition of its JSON here as it has one converter in Python.
  *

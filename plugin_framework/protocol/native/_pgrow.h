@@ -1,6 +1,6 @@
 /*
  * _pgrow.h: what the C modules that read raw pgoutput row changes share (the emitters'
- * formatters, emitters/_jsonrow.c, _textrow.c, _wal2jsonrow.c, and the row filter's
+ * formatters, emitters/json/native/_jsonrow.c, _textrow.c, _wal2jsonrow.c, and the row filter's
  * plugin_framework/rowfilter/native/_rawfilter.c): an output buffer, and the reading of a
  * pgoutput TupleData straight from a message's bytes.
  *

@@ -1,5 +1,5 @@
 /*
- * emitters._textrow: the text emitter's line (test_decoding's format) for one pgoutput Insert,
+ * emitters.text.native._textrow: the text emitter's line (test_decoding's format) for one pgoutput Insert,
  * Update or Delete message, built straight from the message's bytes.
  *
  * This is the text emitter's fast path, the counterpart of the json emitter's _jsonrow.c.
@@ -247,7 +247,7 @@ PyDoc_STRVAR(RowFormat_doc,
 
 static PyTypeObject RowFormat_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "emitters._textrow.RowFormat",
+    .tp_name = "emitters.text.native._textrow.RowFormat",
     .tp_basicsize = sizeof(RowFormat),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = RowFormat_doc,
@@ -262,7 +262,7 @@ static PyTypeObject RowFormat_Type = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "emitters._textrow",
+    .m_name = "emitters.text.native._textrow",
     .m_doc = "The text emitter's fast path: a row change's line straight from pgoutput bytes.",
     .m_size = -1,
 };

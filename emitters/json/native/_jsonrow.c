@@ -1,5 +1,5 @@
 /*
- * emitters._jsonrow: the json emitter's line for one pgoutput Insert, Update or Delete
+ * emitters.json.native._jsonrow: the json emitter's line for one pgoutput Insert, Update or Delete
  * message, built straight from the message's bytes.
  *
  * This is the json emitter's fast path (see "Speed" in emitters/json/__init__.py and
@@ -183,7 +183,7 @@ PyDoc_STRVAR(RowFormat_doc,
 
 static PyTypeObject RowFormat_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "emitters._jsonrow.RowFormat",
+    .tp_name = "emitters.json.native._jsonrow.RowFormat",
     .tp_basicsize = sizeof(RowFormat),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = RowFormat_doc,
@@ -198,7 +198,7 @@ static PyTypeObject RowFormat_Type = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "emitters._jsonrow",
+    .m_name = "emitters.json.native._jsonrow",
     .m_doc = "The json emitter's fast path: a row change's line straight from pgoutput bytes.",
     .m_size = -1,
 };

@@ -1,4 +1,4 @@
-# The C module emitters/_jsonrow.c: the json emitter's fast path.
+# The C module emitters/json/native/_jsonrow.c: the json emitter's fast path.
 from collections.abc import Callable
 from typing import Any, Final
 

@@ -1,4 +1,4 @@
-# The C module emitters/_textrow.c: the text emitter's fast path.
+# The C module emitters/text/native/_textrow.c: the text emitter's fast path.
 from typing import Any, Final
 
 QUOTED: Final[int]

@@ -1,4 +1,5 @@
-# The C module emitters/_wal2jsonrow.c: the wal2json emitter's fast path (format versions 1, 2).
+# The C module emitters/wal2json/native/_wal2jsonrow.c: the wal2json emitter's fast path
+# (format versions 1, 2).
 from typing import Any, Final
 
 STRING: Final[int]

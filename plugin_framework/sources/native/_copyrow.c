@@ -1,5 +1,5 @@
 /*
- * plugin_framework.sources._copyrow: one row of COPY ... TO STDOUT (text format) as the
+ * plugin_framework.sources.native._copyrow: one row of COPY ... TO STDOUT (text format) as the
  * pgoutput Insert message the stream would carry for it.
  *
  * The initial snapshot's fast path (sources/snapshot.py). Its reference is the Python path

@@ -1,5 +1,5 @@
 /*
- * emitters._wal2jsonrow: the wal2json emitter's object for one pgoutput Insert, Update or
+ * emitters.wal2json.native._wal2jsonrow: the wal2json emitter's object for one pgoutput Insert, Update or
  * Delete message, built straight from the message's bytes: format version 2's line
  * (RowFormat), or format version 1's change in the transaction's document (V1RowFormat).
  *
@@ -361,7 +361,7 @@ PyDoc_STRVAR(RowFormat_doc,
 
 static PyTypeObject RowFormat_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "emitters._wal2jsonrow.RowFormat",
+    .tp_name = "emitters.wal2json.native._wal2jsonrow.RowFormat",
     .tp_basicsize = sizeof(RowFormat),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = RowFormat_doc,
@@ -595,7 +595,7 @@ PyDoc_STRVAR(V1RowFormat_doc,
 
 static PyTypeObject V1RowFormat_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "emitters._wal2jsonrow.V1RowFormat",
+    .tp_name = "emitters.wal2json.native._wal2jsonrow.V1RowFormat",
     .tp_basicsize = sizeof(V1RowFormat),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = V1RowFormat_doc,
@@ -609,7 +609,7 @@ static PyTypeObject V1RowFormat_Type = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "emitters._wal2jsonrow",
+    .m_name = "emitters.wal2json.native._wal2jsonrow",
     .m_doc = "The wal2json emitter's fast path: a row change's v1 or v2 object from pgoutput "
              "bytes.",
     .m_size = -1,
