@@ -495,12 +495,12 @@ def _file_bound(value: Any, name: str) -> list[Any]:
 _description = list_of(list_of(is_text, 2, "a column [name, type]"))
 
 
-def read_manifest(data: bytes, batch: int) -> dict[str, Any]:
+def read_manifest(data: bytes, batch: int | None = None) -> dict[str, Any]:
     """A mirror table's manifest (spark/statefiles.py), every member checked; ``batch``:
     the batch its file name says."""
     raw, _ = load_state(data)
     f = Fields(raw)
-    f.take("batch", one_of(batch))
+    f.take("batch", is_count if batch is None else one_of(batch))
     files = f.take("files", map_of(is_count))
     for name in files:
         _file_name(name, "files")
