@@ -66,7 +66,14 @@ from plugin_framework.sources.incremental import (
     snapshot_table,
 )
 from plugin_framework.sources.metrics import serve_metrics
-from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
+from plugin_framework.sources.slots import (
+    create_slot,
+    drop_slot,
+    list_slots,
+    slot_health,
+    sql_query,
+    usable_slot,
+)
 from plugin_framework.sources.snapshot import published_tables
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -325,6 +332,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_slot(args: argparse.Namespace) -> int:
+    setup_logging(args)  # (creating a slot says what it waits for)
     try:
         with psycopg.connect(args.dbname or "", autocommit=True) as conn:
             if args.action == "list":
@@ -427,9 +435,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         raise UsageError("a slot is required: -S SLOT")
     try:
         with psycopg.connect(args.dbname or "", autocommit=True) as conn:
-            if not list_slots(conn, args.slot):
-                raise SourceError(f'replication slot "{args.slot}" does not exist: the '
-                                  "snapshot is asked of the stream that reads it")
+            # the stream that reads the slot (now or later) takes the snapshot
+            usable_slot(sql_query(conn), args.slot, dbname=conn.info.dbname,
+                        server_version=conn.info.server_version, reader=False)
             for table in args.table:
                 snapshot_table(conn, table, args.publication or publishing(conn, table))
             for table in args.table:

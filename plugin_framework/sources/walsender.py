@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
-from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
+from plugin_framework.pgtypes import quote_ident_always
 from plugin_framework.protocol import (
     LSN,
     Decoder,
@@ -40,17 +40,11 @@ from plugin_framework.protocol.framing import (
     xlogdata_wal_start,
 )
 from plugin_framework.protocol.lsn import wire_lsn
-from plugin_framework.sources.errors import (
-    ConnectionLost,
-    SourceError,
-    explain,
-)
+from plugin_framework.sources import slots
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
 from plugin_framework.sources.monitor import SlotMonitor
-from plugin_framework.sources.replication import (
-    ReplicationError,
-    ReplicationStream,
-)
+from plugin_framework.sources.replication import ReplicationError, ReplicationStream
 from plugin_framework.sources.session import (
     PROGRESS_INTERVAL,
     Progress,
@@ -65,7 +59,6 @@ from plugin_framework.sources.session import (
     start_pipeline,
     wal_level_error,
 )
-from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
     NO_KEY,
     CopyLedger,
@@ -234,11 +227,13 @@ class WalsenderSource:
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
         export = self._snapshot_pending
-        exists = repl.command(
-            "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
-            f"{quote_standard_literal(cfg.slot)}")
+        found = slots.lookup_slot(repl.command, cfg.slot, server_version)
+        if found is not None:  # one that pgdecode cannot use is refused before anything
+            slots.check_usable(found, cfg.slot, dbname=repl.conn.info.dbname, reader=False,
+                         two_phase=cfg.slot_two_phase and not self._started)
+        exists = found is not None
         # This run's copy, cut short by a lost connection: all it delivered is in the outputs
-        in_run = bool(exists) and export and self._exported
+        in_run = exists and export and self._exported
         goes_on = (in_run and self._copy_delivered and self._ledger is not None
                    and cfg.snapshot == "initial")
         if in_run and self._copy_delivered and not goes_on \
@@ -282,11 +277,8 @@ class WalsenderSource:
             log.warning('the initial snapshot with replication slot "%s" did not finish: '
                         "dropping the slot and copying again with a new one", cfg.slot)
             repl.command(self._drop_slot_command(wait=True))
-            exists = []
+            exists = False
         if exists:
-            if cfg.slot_two_phase and not exists[0][0] and not self._started:
-                log.warning('replication slot "%s" exists already, without two_phase: '
-                            "--two-phase applies only to a slot created now", cfg.slot)
             if export:
                 if any_output_in(self.pipeline, "done"):
                     log.info('the initial snapshot with replication slot "%s" is in the '
@@ -297,9 +289,10 @@ class WalsenderSource:
                                 cfg.slot)
                 self._snapshot_pending = False
             return False
+        slots.note_slot_wait(repl.command, cfg.slot)
         if export:  # the export's transaction lasts until the copy's connections import it
             repl.command(no_timeouts(server_version))
-        rows = repl.command(create_replication_slot_command(
+        rows = repl.command(slots.create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
             server_version=server_version, export=export))
         log.info('created replication slot "%s"', cfg.slot)
@@ -405,9 +398,11 @@ class WalsenderSource:
         return True
 
     def _check_slot(self, repl: ReplicationStream) -> None:
-        cfg = self.config
-        self._slot_two_phase, confirmed = check_slot(
-            repl, cfg.slot, temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+        cfg, info = self.config, repl.conn.info
+        slot = slots.usable_slot(repl.command, cfg.slot, dbname=info.dbname,
+                                 server_version=info.server_version,
+                                 temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+        self._slot_two_phase, confirmed = slot.two_phase, slot.confirmed_flush_lsn
         if confirmed is not None:  # (never less than the server has: the slot would go back)
             self.progress.acked = max(self.progress.acked, confirmed)
 
