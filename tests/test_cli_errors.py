@@ -253,6 +253,54 @@ def test_password_hidden_from_the_process_title(password_cluster: LocalCluster,
     assert comm == Path(sys.executable).name[:15]
     assert "warning" not in (tmp_path / "stderr").read_text()
 
+MASKED_EARLY = """
+import sys
+import setproctitle
+
+titles = []
+set_title = setproctitle.setproctitle
+HEAVY = ("psycopg", "plugin_framework.framework", "plugin_framework.sources.errors")
+
+
+def record(title):
+    titles.append((title, [m for m in HEAVY if m in sys.modules]))
+    set_title(title)
+
+
+setproctitle.setproctitle = record
+from plugin_framework.cli import main
+
+main()
+print(repr(titles))
+"""
+
+
+def test_the_password_is_masked_before_anything_heavy_is_imported(env: dict[str, str]) -> None:
+    """The window in which ps shows a password given in -d ends before pgdecode loads
+    psycopg or the framework (a few hundred milliseconds): the first title set hides every
+    argument that may hold one, the last masks only the password."""
+    uri = "postgresql://alice:Zq7secret@127.0.0.1:1/postgres"
+    result = subprocess.run([sys.executable, "-c", MASKED_EARLY, "slot", "list", "-d", uri],
+                            env=env, capture_output=True, text=True, timeout=60)
+    titles = eval(result.stdout.strip().splitlines()[-1])
+    assert len(titles) == 2, titles
+    (first, loaded), (last, _) = titles
+    assert loaded == [], f"the password stayed visible while {loaded} were imported"
+    assert "Zq7secret" not in first and "(connection string hidden)" in first
+    assert "Zq7secret" not in last and "password=********" in last and "slot list" in last
+
+
+def test_an_option_value_with_a_line_break_is_refused(env: dict[str, str]) -> None:
+    for value in ("include-xids=0\n", "topic-prefix=a\rb", "x=\x1b[31m"):
+        result = run_cli(["stream", "-d", "host=127.0.0.1 port=1 dbname=x", "-S", "s",
+                          "--publication", "p", "--no-reconnect", "-o", value], env=env,
+                         timeout=60)
+        assert result.returncode == 2, (value, result.stderr)
+        assert f"option {value!r} holds the control character" in result.stderr
+        assert "give it on one line" in result.stderr
+        assert "cannot connect" not in result.stderr
+
+
 # --- 2b: the capture's header ----------------------------------------------------------------
 
 
