@@ -52,6 +52,7 @@ def test_a_file_opened_but_never_used_is_left_as_it_was(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     FileOutput(fresh).close()
     assert not Path(f"{fresh}.progress").exists()
+    assert not fresh.exists()  # the file it had to create is not left behind, empty
 
 
 def test_a_file_shorter_than_its_progress_is_refused_untouched(tmp_path: Path) -> None:
