@@ -588,3 +588,44 @@ def test_a_capture_damaged_on_disk_is_refused_or_read_as_a_whole_prefix(
         got = read_recorded(copy)
         assert got is None or got == original[:len(got)]
         assert copy.read_bytes() == damaged
+
+
+def test_a_checkpoint_read_while_its_writer_goes_on_is_not_taken_for_damaged(
+        tmp_path: Path) -> None:
+    """Another thread (a status check, a test) reads the checkpoint while the stream's
+    thread begins and commits batches with stored rows: what it reads may be a moment old,
+    never refused as damage."""
+    import threading
+
+    pa = pytest.importorskip("pyarrow")
+    from plugin_framework.spark.checkpoint import RETAIN, BatchRange, Checkpoint
+
+    writer = Checkpoint(tmp_path, "s")
+    rows = pa.Table.from_pylist([{"id": i} for i in range(50)])
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for n in range(RETAIN + 150):  # (old entries purged too)
+                batch = BatchRange(n, LSN(n), LSN(n + 1), 50, 1, None, True)
+                writer.begin(batch, rows)
+                writer.commit(batch)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    reads = 0
+    try:
+        while not done.is_set():
+            ck = Checkpoint(tmp_path, "s")  # (refused: CheckpointError, the test fails)
+            if ck.pending is not None and ck.last_committed is not None:
+                assert ck.pending.batch_id == ck.last_committed.batch_id + 1
+            reads += 1
+    finally:
+        thread.join()
+    assert not errors, errors
+    assert reads > 10

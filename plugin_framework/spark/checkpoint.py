@@ -117,7 +117,18 @@ class Checkpoint:
         self.last_committed: BatchRange | None = None
         self.pending: BatchRange | None = None
         self.acked = LSN(0)  # the ack recorded with the last committed batch
-        self._load()
+        for again in reversed(range(10)):
+            listed = (_ids(self.offsets), _ids(self.commits))
+            try:
+                self._load(*listed)
+                break
+            except CheckpointError:
+                # Read while the process that writes it went on (a batch committed, its
+                # stored rows removed, old entries purged): read again, else it is damage
+                if not again or (_ids(self.offsets), _ids(self.commits)) == listed:
+                    raise
+                self.pending = self.last_committed = None
+                self.acked = LSN(0)
         snapshot = self.directory / "snapshot"
         self.snapshot_state: str | None = None  # "copying" or "done": an initial copy's
         if snapshot.exists():
@@ -129,28 +140,34 @@ class Checkpoint:
                           data.get("transactions", 0), data.get("snapshot_progress"),
                           data.get("stored", False))
 
-    def _load(self) -> None:
+    def _load(self, offsets: list[int], commits: list[int]) -> None:
         """Every entry checked, and their ids, before anything is delivered again."""
-        offsets, commits = _ids(self.offsets), _ids(self.commits)
+        if offsets:  # (commits older than every offsets entry: a purge cut short)
+            commits = [c for c in commits if c >= offsets[0]]
         try:
-            check.check_batch_ids(offsets, [c for c in commits if c >= offsets[0]]
-                                  if offsets else commits)
+            check.check_batch_ids(offsets, commits)
         except check.Damage as exc:
             raise _damaged(self.directory, exc) from None
-        entries = {i: self._entry(i) for i in offsets}
-        done = {i: _read(self.commits / str(i), check.read_checkpoint_commit, i)
-                for i in commits if i in entries}
         if not offsets:
             return
-        latest = offsets[-1]
-        if latest not in done:
-            self.pending = entries[latest]
+        latest, newest = offsets[-1], commits[-1] if commits else None
+        if newest != latest:
+            self.pending = self._entry(latest)
             if self.pending.stored:
                 self.stored_rows(self.pending)  # there, and readable, before anything else
-        if done:
-            newest = max(done)
-            self.last_committed = entries[newest]
-            self.acked = LSN(done[newest].get("ack", done[newest]["end"]))
+        if newest is not None:
+            done = _read(self.commits / str(newest), check.read_checkpoint_commit, newest)
+            self.last_committed = self._entry(newest)
+            self.acked = LSN(done.get("ack", done["end"]))
+        for directory, ids, read in ((self.offsets, offsets[:-1], check.read_checkpoint_offsets),
+                                     (self.commits, commits[:-1], check.read_checkpoint_commit)):
+            for i in ids:  # the older entries too
+                try:
+                    _read(directory / str(i), read, i)
+                except CheckpointError:
+                    # removed meanwhile by the process writing it (the oldest go first)?
+                    if (directory / str(i)).exists() or min(_ids(directory), default=i) <= i:
+                        raise
 
     @property
     def next_batch_id(self) -> int:
