@@ -15,31 +15,36 @@ The names a plugin author needs are re-exported here.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from plugin_framework._native import load_native, native_status
-from plugin_framework.framework import (
-    Action,
-    CallbackError,
-    Change,
-    Column,
-    FileOutput,
-    LogicalDecodingContext,
-    MemoryOutput,
-    OutputPlugin,
-    OutputPluginOptions,
-    OutputRecord,
-    OutputType,
-    Pipeline,
-    PipelineError,
-    PluginLoadError,
-    Relation,
-    Row,
-    Transaction,
-    TruncateChange,
-    hookimpl,
-)
-from plugin_framework.protocol import LSN, UNCHANGED_TOAST
+from plugin_framework._native import load_native, native_status  # (light: no framework)
+
+if TYPE_CHECKING:
+    from plugin_framework.framework import (
+        Action,
+        CallbackError,
+        Change,
+        Column,
+        FileOutput,
+        LogicalDecodingContext,
+        MemoryOutput,
+        OutputPlugin,
+        OutputPluginOptions,
+        OutputRecord,
+        OutputType,
+        Pipeline,
+        PipelineError,
+        PluginLoadError,
+        Relation,
+        Row,
+        Transaction,
+        TruncateChange,
+        hookimpl,
+    )
+    from plugin_framework.protocol import LSN, UNCHANGED_TOAST
 
 __all__ = [
     "LSN", "UNCHANGED_TOAST", "Action", "CallbackError", "Change", "Column", "FileOutput",
@@ -48,3 +53,17 @@ __all__ = [
     "Row", "Transaction", "TruncateChange", "__version__", "hookimpl", "load_native",
     "native_status",
 ]
+
+_FROM_PROTOCOL = frozenset({"LSN", "UNCHANGED_TOAST"})
+
+
+def __getattr__(name: str) -> Any:
+    """The names re-exported here, imported when first used: ``pgdecode`` hides a password
+    given in -d from ``ps`` before it loads the framework (and psycopg), which takes a few
+    hundred milliseconds (cli/proctitle.py)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'plugin_framework' has no attribute {name!r}")
+    module = "plugin_framework.protocol" if name in _FROM_PROTOCOL else "plugin_framework.framework"
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

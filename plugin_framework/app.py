@@ -62,10 +62,15 @@ def parse_plugin_options(pairs: Sequence[str],
     """``-o NAME[=VALUE]`` options per emitter; ``-o EMITTER.NAME=VALUE`` scopes to one.
 
     An unscoped option goes to every emitter; ``-o NAME`` alone has the value None (true, for
-    a boolean). A repeated option is an error.
+    a boolean). A repeated option, or one with a control character (a newline pasted with
+    a value, say), is an error.
     """
     per: dict[str, dict[str, str | None]] = {e: {} for e in emitters}
     for pair in pairs:
+        control = next((c for c in pair if c < " " or c == "\x7f"), None)
+        if control is not None:
+            raise UsageError(f"option {pair!r} holds the control character {control!r} (a "
+                             "line break pasted with the value?): give it on one line")
         name, eq, text = pair.partition("=")
         value = text if eq else None
         targets = list(emitters)

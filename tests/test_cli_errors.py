@@ -39,7 +39,13 @@ from streamkit import (
 
 from plugin_framework.cli.proctitle import masked_argv
 from plugin_framework.cluster import LocalCluster
-from plugin_framework.sources.capture import MAGIC, MAGIC_V1, CaptureFormatError, read_capture
+from plugin_framework.sources.capture import (
+    MAGIC,
+    MAGIC_V1,
+    MAGIC_V2,
+    CaptureFormatError,
+    read_capture,
+)
 from plugin_framework.sources.errors import describe_conninfo, explain
 
 # Slow: each test runs the pgdecode command in a new process.
@@ -247,6 +253,54 @@ def test_password_hidden_from_the_process_title(password_cluster: LocalCluster,
     assert comm == Path(sys.executable).name[:15]
     assert "warning" not in (tmp_path / "stderr").read_text()
 
+MASKED_EARLY = """
+import sys
+import setproctitle
+
+titles = []
+set_title = setproctitle.setproctitle
+HEAVY = ("psycopg", "plugin_framework.framework", "plugin_framework.sources.errors")
+
+
+def record(title):
+    titles.append((title, [m for m in HEAVY if m in sys.modules]))
+    set_title(title)
+
+
+setproctitle.setproctitle = record
+from plugin_framework.cli import main
+
+main()
+print(repr(titles))
+"""
+
+
+def test_the_password_is_masked_before_anything_heavy_is_imported(env: dict[str, str]) -> None:
+    """The window in which ps shows a password given in -d ends before pgdecode loads
+    psycopg or the framework (a few hundred milliseconds): the first title set hides every
+    argument that may hold one, the last masks only the password."""
+    uri = "postgresql://alice:Zq7secret@127.0.0.1:1/postgres"
+    result = subprocess.run([sys.executable, "-c", MASKED_EARLY, "slot", "list", "-d", uri],
+                            env=env, capture_output=True, text=True, timeout=60)
+    titles = eval(result.stdout.strip().splitlines()[-1])
+    assert len(titles) == 2, titles
+    (first, loaded), (last, _) = titles
+    assert loaded == [], f"the password stayed visible while {loaded} were imported"
+    assert "Zq7secret" not in first and "(connection string hidden)" in first
+    assert "Zq7secret" not in last and "password=********" in last and "slot list" in last
+
+
+def test_an_option_value_with_a_line_break_is_refused(env: dict[str, str]) -> None:
+    for value in ("include-xids=0\n", "topic-prefix=a\rb", "x=\x1b[31m"):
+        result = run_cli(["stream", "-d", "host=127.0.0.1 port=1 dbname=x", "-S", "s",
+                          "--publication", "p", "--no-reconnect", "-o", value], env=env,
+                         timeout=60)
+        assert result.returncode == 2, (value, result.stderr)
+        assert f"option {value!r} holds the control character" in result.stderr
+        assert "give it on one line" in result.stderr
+        assert "cannot connect" not in result.stderr
+
+
 # --- 2b: the capture's header ----------------------------------------------------------------
 
 
@@ -345,7 +399,7 @@ def captured(pg_module_db: TestDatabase, probes: Path,
     return Captured(db, files["whole"], files["head"], slots[2], end)
 
 
-FRAME_HEAD = 8  # a frame's length and checksum, before its payload (format version 2)
+FRAME_HEAD = 8  # a frame's length and checksum, before its payload (format version 3)
 
 
 def frames(path: Path) -> list[tuple[int, bytes]]:
@@ -389,8 +443,10 @@ def last_commit_frame(path: Path) -> int:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "damaged"])
-def test_truncated_capture_replays_whole_transactions(captured: Captured, env: dict[str, str],
-                                                      tmp_path: Path, damage: str) -> None:
+def test_truncated_capture_is_refused_or_replayed_in_whole_transactions(
+        captured: Captured, env: dict[str, str], tmp_path: Path, damage: str) -> None:
+    """Refused before anything is replayed; with --partial, replayed up to its last whole
+    transaction, and still a failure that says so."""
     full = tmp_path / "full"
     result = run_cli(["replay", str(captured.whole), "--emitter", "probe", "-f", str(full)],
                      env=env)
@@ -406,10 +462,16 @@ def test_truncated_capture_replays_whole_transactions(captured: Captured, env: d
                   if pgoutput_tag(payload) == b"I"][-1]
         bad.write_bytes(data[:offset + FRAME_HEAD + 25] + b"Z"
                         + data[offset + FRAME_HEAD + 26:])
+    refused = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(tmp_path / "no")],
+                      env=env)
+    assert refused.returncode == 1
+    assert error_of(refused).startswith(f"pgdecode: error: {bad} is truncated or damaged (")
+    assert "nothing was replayed" in error_of(refused) and "--partial" in error_of(refused)
+    assert not (tmp_path / "no").exists()  # refused before any output was opened
     for options in ([], ["--column-list", "public.t:id,v"]):  # checked as far as it goes
         out = tmp_path / f"out{len(options)}"
-        result = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out), *options],
-                         env=env)
+        result = run_cli(["replay", str(bad), "--partial", "--emitter", "probe", "-f",
+                          str(out), *options], env=env)
         assert result.returncode == 1
         error = error_of(result)
         replayed = transactions(read_lines(out))
@@ -424,10 +486,82 @@ def test_truncated_capture_replays_whole_transactions(captured: Captured, env: d
                           str(out), *options], env=env)
         assert result.returncode == 0, result.stderr
         assert transactions(read_lines(out)) == whole
-    to_stdout = run_cli(["replay", str(bad), "--emitter", "probe"], env=env)
+    to_stdout = run_cli(["replay", str(bad), "--partial", "--emitter", "probe"], env=env)
     assert to_stdout.returncode == 1
     assert "the transaction it cuts short was partly written to stdout" in error_of(to_stdout)
 
+
+
+# --- 3a: the order of a capture's frames ----------------------------------------------------
+
+
+def damaged_order(path: Path, damage: str) -> tuple[bytes, str]:
+    """The capture with a row of its 200-row transaction cut after, dropped, repeated or
+    moved; and what the replay must say of it."""
+    data = path.read_bytes()
+    spans = [(off, off + FRAME_HEAD + len(p), p) for off, p in frames(path)]
+    rows = [i for i, (_, _, p) in enumerate(spans) if pgoutput_tag(p) == b"I"]
+    i = rows[len(rows) // 2]  # in the middle of the second transaction
+    (start, end, _), (_, after, _) = spans[i], spans[i + 1]
+    if damage == "cut":  # at a frame boundary
+        return data[:end], f"it ends inside a transaction, at frame {i + 1} at byte {start}"
+    if damage == "dropped":
+        return data[:start] + data[end:], f"damaged frame {i + 1} at byte {start}"
+    if damage == "repeated":
+        return data[:end] + data[start:], f"damaged frame {i + 2} at byte {end}"
+    assert damage == "moved"
+    return (data[:start] + data[end:after] + data[start:end] + data[after:],
+            f"damaged frame {i + 1} at byte {start}")
+
+
+@pytest.mark.parametrize("damage", ["cut", "dropped", "repeated", "moved"])
+def test_a_capture_cut_inside_a_transaction_or_with_a_frame_out_of_place_is_refused(
+        captured: Captured, env: dict[str, str], tmp_path: Path, damage: str) -> None:
+    """Each frame's checksum goes on from the one before it, and the capture must end
+    between transactions: a capture cut at a frame boundary, or with one frame dropped,
+    repeated or moved, is refused before anything is replayed, naming where; --partial
+    replays the transaction before it, and fails all the same."""
+    whole = tmp_path / "whole"
+    result = run_cli(["replay", str(captured.head), "--emitter", "probe", "-f", str(whole)],
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    expected = transactions(read_lines(whole))
+    assert [len(t) for t in expected] == [5, 202]  # 3 rows, then 200 rows
+    data, says = damaged_order(captured.head, damage)
+    bad = tmp_path / "bad.cap"
+    bad.write_bytes(data)
+    out = tmp_path / "out"
+    refused = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out)], env=env)
+    assert refused.returncode == 1
+    error = error_of(refused)
+    assert error.startswith(f"pgdecode: error: {bad} is truncated or damaged ({says}"), error
+    assert "nothing was replayed" in error
+    assert not out.exists()
+    partial = run_cli(["replay", str(bad), "--partial", "--emitter", "probe", "-f", str(out)],
+                      env=env)
+    assert partial.returncode == 1
+    assert f"replayed 1 transaction, up to {expected[0][-1]['end_lsn']}" in error_of(partial)
+    assert transactions(read_lines(out)) == expected[:1]
+    assert bad.read_bytes() == data
+
+
+def test_a_frame_dropped_from_a_version_2_capture_is_found_where_it_breaks_the_order(
+        captured: Captured, env: dict[str, str], tmp_path: Path) -> None:
+    """Version 2's checksums are each frame's own: a Commit dropped there is found by the
+    order of the messages (the next transaction, streamed, begins inside the one it left
+    open)."""
+    v2 = older_format(captured.head, 2)
+    path = tmp_path / "v2.cap"
+    path.write_bytes(v2)
+    offset, payload = next((off, p) for off, p in frames(path) if pgoutput_tag(p) == b"C")
+    bad = tmp_path / "bad.cap"
+    bad.write_bytes(v2[:offset] + v2[offset + FRAME_HEAD + len(payload):])
+    out = tmp_path / "out"
+    result = run_cli(["replay", str(bad), "--emitter", "probe", "-f", str(out)], env=env)
+    assert result.returncode == 1
+    assert "a Stream Start inside a transaction or stream block (a message is missing or " \
+        "repeated)" in error_of(result)
+    assert not out.exists()
 
 
 # --- 3b: checksums (#14, item 13) ------------------------------------------------------------
@@ -483,30 +617,48 @@ def test_a_damaged_frame_fails_the_replay_naming_it(captured: Captured, env: dic
             in error_of(result)), result.stderr
 
 
-def test_captures_of_format_version_1_still_replay(captured: Captured, env: dict[str, str],
-                                                   tmp_path: Path) -> None:
-    """A capture written before checksums (format version 1: no header checksum, frames of
-    a length and a payload) replays as it did."""
-    data = captured.head.read_bytes()
+def older_format(path: Path, version: int) -> bytes:
+    """The capture at ``path`` in format version 1 (no checksums: a header line, frames of a
+    length and a payload) or 2 (a CRC-32 of the header line, and of each frame on its
+    own)."""
+    data = path.read_bytes()
     header_end = data.index(b"\n", len(MAGIC)) + 1
-    old = bytearray(MAGIC_V1 + data[len(MAGIC):header_end])
-    for _, payload in frames(captured.head):
-        old += struct.pack(">I", len(payload)) + payload
-    v1 = tmp_path / "v1.cap"
-    v1.write_bytes(bytes(old))
+    line = data[len(MAGIC):header_end]
+    if version == 1:
+        old = bytearray(MAGIC_V1 + line)
+    else:
+        old = bytearray(MAGIC_V2 + line + struct.pack(">I", zlib.crc32(line)))
+    for _, payload in frames(path):
+        length = struct.pack(">I", len(payload))
+        old += length
+        if version == 2:
+            old += struct.pack(">I", zlib.crc32(payload, zlib.crc32(length)))
+        old += payload
+    return bytes(old)
+
+
+def test_captures_of_format_versions_1_and_2_still_replay(
+        captured: Captured, env: dict[str, str], tmp_path: Path) -> None:
+    """Captures written before checksums (format version 1), or with one per frame on its
+    own (version 2), replay as they did."""
     outputs = []
-    for capture in (captured.head, v1):
-        out = tmp_path / f"{capture.name}.out"
+    for version in (None, 1, 2):
+        capture = tmp_path / f"v{version}.cap"
+        if version is None:
+            capture = captured.head
+        else:
+            capture.write_bytes(older_format(captured.head, version))
+        out = tmp_path / f"v{version}.out"
         result = run_cli(["replay", str(capture), "--emitter", "probe", "-f", str(out)],
                          env=env)
         assert result.returncode == 0, result.stderr
         outputs.append(out.read_text())
-    assert outputs[0] == outputs[1] and outputs[0]
-    future = tmp_path / "v3.cap"
-    future.write_bytes(b"PGDECODE-CAPTURE 3\n" + data[len(MAGIC):])
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0]
+    future = tmp_path / "v4.cap"
+    future.write_bytes(b"PGDECODE-CAPTURE 4\n" + captured.head.read_bytes()[len(MAGIC):])
     result = run_cli(["replay", str(future), "--emitter", "probe"], env=env)
     assert result.returncode == 1
-    assert "format version 3, which this pgdecode does not read" in error_of(result)
+    assert "format version 4, which this pgdecode does not read" in error_of(result)
 
 # --- 7: output files -------------------------------------------------------------------------
 

@@ -259,8 +259,12 @@ def test_a_damaged_entry_is_refused_at_startup(tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0x10
     entry.write_bytes(bytes(data))
     died(second)
+    with out.open("ab") as f:
+        f.write(b"a torn tail")  # what a restart cuts back, once it may
+    before = out.read_bytes()
     with pytest.raises(HoldError, match=r"is damaged .*checksum.* will not send it again"):
         start([out], [Rec()])
+    assert out.read_bytes() == before  # refused before the output was cut back
 
 
 # --- a restart anywhere ---------------------------------------------------------------------------

@@ -1,21 +1,22 @@
 """FileOutput under faults injected for real, on each server version: a second ``pgdecode
-stream`` given the running one's file, an fsync that fails (an LD_PRELOAD shim, compiled
-here, makes fsync of the output file return EIO once), a FILE.progress damaged on disk, and a
-plugin callback that raises in the middle of a transaction. Each must leave the file whole,
-acknowledge nothing that is not durable in it, and let a rerun go on exactly."""
+stream`` given the running one's file, an fsync that fails (an LD_PRELOAD shim, compiled by
+tests/faultshim.py, makes fsync of the output file, or of a FILE.hold entry, fail once), a
+FILE.progress damaged on disk, and a plugin callback that raises in the middle of a
+transaction. Each must leave the file whole, acknowledge nothing that is not durable in it,
+and let a rerun go on exactly."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import shutil
 import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from faultshim import build_fsync_shim
 from streamkit import (
     confirmed_flush,
     create_slot,
@@ -154,52 +155,9 @@ def test_a_stream_refused_for_an_active_slot_leaves_the_file_untouched(
 
 # --- item 10: an fsync that fails -----------------------------------------------------------------
 
-SHIM = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-/* fsync of the file FAIL_FSYNC_PATH fails with EIO once, when FAIL_FSYNC_TRIGGER exists
-   (then removed): as Linux reports a writeback error to fsync once, and the next fsync
-   succeeds although the data never reached the disk. */
-int fsync(int fd) {
-    static int (*real_fsync)(int);
-    const char *target = getenv("FAIL_FSYNC_PATH"), *trigger = getenv("FAIL_FSYNC_TRIGGER");
-    if (target && trigger && access(trigger, F_OK) == 0) {
-        char link[64], path[4096];
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t n = readlink(link, path, sizeof path - 1);
-        if (n > 0) {
-            path[n] = 0;
-            if (strcmp(path, target) == 0) {
-                unlink(trigger);
-                errno = EIO;
-                return -1;
-            }
-        }
-    }
-    if (!real_fsync)
-        real_fsync = (int (*)(int)) dlsym(RTLD_NEXT, "fsync");
-    return real_fsync(fd);
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def failing_fsync(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc is needed to build the fsync shim")
-    directory = tmp_path_factory.mktemp("shim")
-    (directory / "shim.c").write_text(SHIM)
-    library = directory / "failfsync.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", str(library),
-                    str(directory / "shim.c"), "-ldl"], check=True)
-    return library
+    return build_fsync_shim(tmp_path_factory.mktemp("shim"))
 
 
 def test_a_failed_fsync_stops_the_stream_unacknowledged(
@@ -244,13 +202,118 @@ def test_a_failed_fsync_stops_the_stream_unacknowledged(
     check_complete(db.conninfo, out)
 
 
+@pytest.mark.parametrize(("code", "says"), [(errno.EIO, "Input/output error"),
+                                           (errno.ENOSPC, "No space left on device")],
+                         ids=["EIO", "ENOSPC"])
+def test_a_hold_entry_that_cannot_be_saved_is_named_and_nothing_is_lost(
+        db: Any, env: dict[str, str], tmp_path: Path, failing_fsync: Path, code: int,
+        says: str) -> None:
+    """A prepared transaction held for a plugin without two-phase callbacks (FILE.hold)
+    whose entry cannot be made durable (EIO, ENOSPC): the run stops with one message naming
+    the entry and saying what to do, the slot is not acknowledged past the PREPARE, and the
+    next run delivers the transaction at its COMMIT PREPARED, once."""
+    make_table(db.conninfo)
+    slot = f"{db.dbname}_hold"
+    out = tmp_path / "out"
+    hold = Path(f"{out}.probe.hold")
+    trigger = tmp_path / "fail-now"
+    # probe-2pc asks for two-phase decoding; probe (no two-phase callbacks) holds
+    command = ["stream", "-d", db.conninfo, "-S", slot, "--publication", "pub", "--emitter",
+               "probe", "--emitter", "probe-2pc", "-f", str(out), "--status-interval", "0.2",
+               "--create-slot", "--two-phase", "--no-reconnect"]
+    shimmed = {**env, "LD_PRELOAD": str(failing_fsync), "FAIL_FSYNC_PATH": f"{hold}/",
+               "FAIL_FSYNC_TRIGGER": str(trigger), "FAIL_FSYNC_ERRNO": str(code)}
+    stderr = tmp_path / "stderr"
+    proc = start_cli(command, env=shimmed, stderr_path=stderr)
+    try:
+        wait_for(lambda: slot_row(db.conninfo, slot) or proc.poll() is not None,
+                 what="the slot")
+        insert(db.conninfo, 1, 10)
+        trigger.touch()
+        with db.connect(autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t SELECT g, 'prepared' FROM generate_series(-20, -1) g")
+            conn.execute("PREPARE TRANSACTION 'pending'")
+        prepared = current_lsn(db.conninfo)
+        status = proc.wait(120)
+    finally:
+        stop_process(proc, signal.SIGKILL)
+    error = stderr.read_text()
+    assert not trigger.exists(), "fsync was never called on the hold entry"
+    assert status == 1, error
+    assert "Traceback" not in error and "[Errno" not in error
+    assert error.count("pgdecode: error: ") == 1, error
+    assert ('pgdecode: error: could not save prepared transaction "pending" (xid ') in error
+    assert f" in {hold}/" in error and f".hold, where it is held until its COMMIT " \
+        f"PREPARED: {says}. Nothing was acknowledged past its PREPARE" in error
+    assert f"Make room in {hold} (or repair the disk), then run the same command again" \
+        in error
+    assert confirmed_flush(db.conninfo, slot) < prepared
+    assert not list(hold.glob("*.tmp"))
+    wait_slot_inactive(db.conninfo, slot)
+    rerun = start_cli(command, env=env, stderr_path=stderr)
+    try:
+        wait_for(lambda: (slot_row(db.conninfo, slot) or {}).get("active") or rerun.poll(),
+                 what="the rerun")
+        query(db.conninfo, "COMMIT PREPARED 'pending'")
+        insert(db.conninfo, 11, 12)
+        wait_for(lambda: confirmed_flush(db.conninfo, slot) >= current_lsn(db.conninfo)
+                 or rerun.poll() is not None, timeout=120, what="everything acknowledged")
+    finally:
+        assert stop_process(rerun) == 0, stderr.read_text()
+    ids = row_ids(read_lines(Path(f"{out}.probe")))
+    assert sorted(ids) == [*range(-20, 0), *range(1, 13)]  # each row once
+
+
 # --- item 11: a damaged FILE.progress ------------------------------------------------------------
 
 
+# How FILE.progress is damaged (by hand, or by a disk), and what the refusal says: each as
+# a file written before checksums has it (no "crc32": its members are all there is to check),
+# except "stale-checksum", a member changed under the checksum the file was written with.
+DAMAGES = {
+    "lsn-beyond-wal": "records that {out} holds the changes up to FFFFFFFF/FFFFFFFF, but the "
+                      "server's WAL ends at",
+    "negative-size": '"size" is -1, not a count',
+    "size-inside-a-line": "which falls inside a line of {out}",
+    "incremental-a-string": '"incremental" is "public.t", not an object',
+    "incremental-a-list": '"incremental" is ["public.t"], not an object',
+    "nested": "it is nested too deeply to be one of pgdecode's files",
+    "lsn-an-integer": '"lsn" is 12345, not an LSN written as "0/16B3748"',
+    "stale-checksum": "its checksum does not match its content",
+}
+
+
+def damaged_progress(state: dict[str, Any], damage: str, out: Path) -> bytes:
+    """``state`` (FILE.progress as written) damaged as ``damage`` says."""
+    if damage == "stale-checksum":
+        return json.dumps({**state, "size": state["size"] - 1}).encode()
+    state = {k: v for k, v in state.items() if k != "crc32"}
+    if damage == "lsn-beyond-wal":
+        state["lsn"] = "FFFFFFFF/FFFFFFFF"
+    elif damage == "negative-size":
+        state["size"] = -1
+    elif damage == "size-inside-a-line":
+        state["size"] = out.read_bytes().index(b"\n") + 5  # in the second line
+    elif damage == "incremental-a-string":
+        state["incremental"] = "public.t"
+    elif damage == "incremental-a-list":
+        state["incremental"] = ["public.t"]
+    elif damage == "lsn-an-integer":
+        state["lsn"] = 12345
+    else:
+        assert damage == "nested"
+        text = json.dumps(state)
+        return f'{text[:-1]}, "incremental": {"[" * 100_000}{"]" * 100_000}}}'.encode()
+    return json.dumps(state).encode()
+
+
 @pytest.mark.parametrize("source_kind", ["walsender", "sql"])
-@pytest.mark.parametrize("damage", ["lsn-beyond-wal", "negative-size"])
-def test_a_damaged_progress_file_is_refused(db: Any, env: dict[str, str], tmp_path: Path,
-                                            source_kind: str, damage: str) -> None:
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_progress_file_is_refused_untouched(
+        db: Any, env: dict[str, str], tmp_path: Path, source_kind: str, damage: str) -> None:
+    """Refused before anything is cut, streamed or acknowledged, with one message naming
+    the file, what is wrong and what to do; the file and its progress stay as they were."""
     make_table(db.conninfo)
     slot = f"{db.dbname}_damaged"
     create_slot(db.conninfo, slot)
@@ -261,28 +324,21 @@ def test_a_damaged_progress_file_is_refused(db: Any, env: dict[str, str], tmp_pa
     first = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env)
     assert first.returncode == 0, first.stderr
     progress = Path(f"{out}.progress")
-    state = json.loads(progress.read_text())
-    if damage == "lsn-beyond-wal":
-        state["lsn"] = "FFFFFFFF/FFFFFFFF"
-    else:
-        state["size"] = -1
-    progress.write_text(json.dumps(state))
+    progress.write_bytes(damaged_progress(json.loads(progress.read_text()), damage, out))
     insert(db.conninfo, 11, 20)
     acked = confirmed_flush(db.conninfo, slot)
-    content = out.read_bytes()
+    content, recorded = out.read_bytes(), progress.read_bytes()
     second = run_cli([*command, "-E", str(current_lsn(db.conninfo))], env=env)
     assert second.returncode == 1, second.stderr
     assert "Traceback" not in second.stderr and "Errno" not in second.stderr
-    if damage == "lsn-beyond-wal":
-        assert (f"{progress} records that {out} holds the changes up to FFFFFFFF/FFFFFFFF, "
-                "but the server's WAL ends at") in second.stderr
-        assert f"remove {out} and {progress}" in second.stderr
-    else:
-        assert f"{progress} is damaged (the recorded size -1 is not a byte count)" \
-            in second.stderr
+    assert second.stderr.count("pgdecode: error: ") == 1, second.stderr
+    assert f"pgdecode: error: {progress} " in second.stderr
+    assert DAMAGES[damage].format(out=out) in second.stderr
+    assert f"remove {out} and {progress}" in second.stderr
+    assert "streaming slot" not in second.stderr
     assert confirmed_flush(db.conninfo, slot) == acked
     assert out.read_bytes() == content
-    assert json.loads(progress.read_text()) == state
+    assert progress.read_bytes() == recorded
 
 
 # --- item 1: a callback that raises in the middle of a transaction -------------------------------

@@ -52,6 +52,7 @@ def test_a_file_opened_but_never_used_is_left_as_it_was(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     FileOutput(fresh).close()
     assert not Path(f"{fresh}.progress").exists()
+    assert not fresh.exists()  # the file it had to create is not left behind, empty
 
 
 def test_a_file_shorter_than_its_progress_is_refused_untouched(tmp_path: Path) -> None:
@@ -81,11 +82,13 @@ def test_a_missing_file_with_progress_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [-1, "12", 1.5, True, None])
 def test_a_recorded_size_that_is_no_byte_count_is_damage(tmp_path: Path, size: object) -> None:
+    """As a progress file written before checksums (or edited by hand) has it."""
     path = tmp_path / "out"
     progress = written(path, 1)
+    del progress["crc32"]
     Path(f"{path}.progress").write_text(json.dumps({**progress, "size": size}))
-    with pytest.raises(OutputError, match=r"is damaged \(the recorded size .* is not a byte "
-                                          r"count\); remove it"):
+    with pytest.raises(OutputError, match=rf'is damaged: "size" is {json.dumps(size)}, not a '
+                                          r"count .*Nothing was cut.* re-create the slot"):
         FileOutput(path)
 
 

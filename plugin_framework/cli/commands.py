@@ -48,9 +48,10 @@ from plugin_framework.sources.capture import (
     CaptureFormatError,
     CaptureHeader,
     CaptureWriter,
+    Verified,
     described_relations,
     read_capture,
-    read_header,
+    verify_capture,
 )
 from plugin_framework.sources.errors import (
     ConnectionLost,
@@ -65,7 +66,14 @@ from plugin_framework.sources.incremental import (
     snapshot_table,
 )
 from plugin_framework.sources.metrics import serve_metrics
-from plugin_framework.sources.slots import create_slot, drop_slot, list_slots, slot_health
+from plugin_framework.sources.slots import (
+    create_slot,
+    drop_slot,
+    list_slots,
+    slot_health,
+    sql_query,
+    usable_slot,
+)
 from plugin_framework.sources.snapshot import published_tables
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -87,22 +95,41 @@ def cmd_emitters(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     setup_logging(args)
+    verified: list[Verified] = []
+
+    def verify() -> None:
+        """The capture read through first: one that is damaged, or cut inside a
+        transaction, is refused before any output is opened (unless --partial)."""
+        found = verify_capture(args.file)
+        if found.damage is not None and not args.partial:
+            raise CaptureFormatError(
+                f"{args.file} is truncated or damaged ({found.damage}): nothing was "
+                "replayed. Record the capture again; or pass --partial to replay the whole "
+                "transactions before the damage (the output then lacks the rest)")
+        verified.append(found)
+
     # Emitters run without a catalog, as the capture was recorded; -d serves the filters.
-    # Bad filters, emitters or options fail first; then a file that is no capture, before
-    # any output is opened.
+    # Bad filters, emitters or options fail first; then a file that is no capture, or a
+    # damaged one, before any output is opened.
     assembly = assemble(args, None, filter_conninfo=args.dbname,
-                        check=lambda f: check_capture(f, args.file),
-                        before_output=lambda: read_header(args.file))
+                        check=lambda f: check_capture(f, args.file), before_output=verify)
     pipeline, filters = assembly.pipeline, assembly.filters
+    damage, damaged_frame = verified[0].damage, verified[0].at
     try:
         header, frames = read_capture(args.file)
         assembly.start(slot_name=header.slot, proto_version=header.proto_version,
                        server_version=header.server_version)
         try:
             try:
-                for frame in frames:
+                for number, frame in enumerate(frames, 1):
+                    if number == damaged_frame:
+                        raise CaptureFormatError(damage)
                     if isinstance(frame, XLogData):
                         pipeline.feed(frame.data, frame.wal_start)
+                if damage is not None or not pipeline.at_boundary:
+                    # (--partial) what the checks found and the replay itself did not: a
+                    # message out of order, a capture cut inside a transaction
+                    raise CaptureFormatError(damage or "it ends inside a transaction")
             except (CaptureFormatError, ProtocolError) as exc:
                 # The capture ends inside a transaction, or a frame is not what the server
                 # sent: take the transaction cut short back out of the output files (not out
@@ -305,6 +332,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_slot(args: argparse.Namespace) -> int:
+    setup_logging(args)  # (creating a slot says what it waits for)
     try:
         with psycopg.connect(args.dbname or "", autocommit=True) as conn:
             if args.action == "list":
@@ -407,9 +435,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         raise UsageError("a slot is required: -S SLOT")
     try:
         with psycopg.connect(args.dbname or "", autocommit=True) as conn:
-            if not list_slots(conn, args.slot):
-                raise SourceError(f'replication slot "{args.slot}" does not exist: the '
-                                  "snapshot is asked of the stream that reads it")
+            # the stream that reads the slot (now or later) takes the snapshot
+            usable_slot(sql_query(conn), args.slot, dbname=conn.info.dbname,
+                        server_version=conn.info.server_version, reader=False)
             for table in args.table:
                 snapshot_table(conn, table, args.publication or publishing(conn, table))
             for table in args.table:

@@ -17,6 +17,7 @@ from plugin_framework.app import UsageError
 from plugin_framework.cli.logs import JsonLogFormatter
 from plugin_framework.framework import CallbackError, OutputError, PipelineError, PluginLoadError
 from plugin_framework.framework.registry import EmitterNotFound
+from plugin_framework.framework.statecheck import StateFileError
 from plugin_framework.protocol import ProtocolError
 from plugin_framework.rowfilter import RowFilterError
 from plugin_framework.sources.capture import CaptureFormatError
@@ -94,7 +95,7 @@ def report(args: argparse.Namespace, message: str, usage: bool = False) -> None:
 
 USER_FACING: tuple[type[Exception], ...] = (
     CallbackError, OutputError, PipelineError, PluginLoadError, EmitterNotFound, ProtocolError,
-    CaptureFormatError, SourceError, RowFilterError, OSError)
+    CaptureFormatError, SourceError, RowFilterError, StateFileError, OSError)
 
 
 def is_user_facing(exc: Exception) -> bool:

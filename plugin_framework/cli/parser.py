@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the database the capture was recorded from, for the row filters that "
                         "need its catalog (--row-filter, --filters-from-publication); the "
                         "emitters do not use it")
+    p.add_argument("--partial", action="store_true",
+                   help="replay a truncated or damaged capture up to its last whole "
+                        "transaction before the damage (exit status 1 all the same), instead "
+                        "of refusing it before anything is replayed")
     emitter_args(p, "json")
     add_cli_arguments(p)
 

@@ -32,6 +32,7 @@ from typing import IO, Any
 from plugin_framework.framework.durable import replace_durably
 from plugin_framework.framework.model import Column, Relation, Transaction
 from plugin_framework.framework.spool import _ENTRY, Entry, Spool, SpoolBudget
+from plugin_framework.framework.statecheck import Damage, StateFileError, read_hold_header
 from plugin_framework.protocol import LSN
 
 _VERSION = 1
@@ -42,7 +43,7 @@ WHOLE = "whole"  # the member gets the whole transaction at COMMIT PREPARED
 STREAM = "stream"  # it had stream blocks; it gets the rest (the remainder) at the outcome
 
 
-class HoldError(Exception):
+class HoldError(StateFileError):
     """A hold directory that cannot be read or written."""
 
 
@@ -100,7 +101,6 @@ class HoldStore:
         returns its path."""
         txn = held.txn
         assert txn.gid is not None
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(txn.gid, txn.xid)
 
         def write_entry(f: IO[bytes]) -> None:
@@ -124,7 +124,18 @@ class HoldStore:
             write(bytes(frames))
             f.write(count.to_bytes(8, "big") + crc.to_bytes(4, "big"))
 
-        replace_durably(path, write_entry)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            replace_durably(path, write_entry)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            raise HoldError(
+                f'could not save prepared transaction "{txn.gid}" (xid {txn.xid}) in {path}, '
+                f"where it is held until its COMMIT PREPARED: {exc.strerror or exc}. Nothing "
+                "was acknowledged past its PREPARE, so the server sends it again. Make room "
+                f"in {self.directory} (or repair the disk), then run the same command again"
+            ) from None
         return path
 
     def outcome(self, path: Path, end_lsn: LSN) -> None:
@@ -212,40 +223,54 @@ def _relation(data: dict[str, Any]) -> Relation:
 
 
 def _read(path: Path, budget: SpoolBudget) -> HeldTransaction:
-    """An entry, its checksum verified (a damaged entry is refused: it may be the only
-    copy of a transaction the server will not send again)."""
+    """An entry, checked whole (its checksum, its header's members, its frames) before
+    anything of it is used: a damaged entry is refused, since it may be the only copy of a
+    transaction the server will not send again."""
     try:
         data = path.read_bytes()
         if len(data) < 12:
-            raise ValueError("shorter than its trailer")
+            raise Damage("it is shorter than its trailer")
         count = int.from_bytes(data[-12:-4], "big")
         if zlib.crc32(data[:-12]) != int.from_bytes(data[-4:], "big"):
-            raise ValueError("its checksum does not match")
-        end = data.index(b"\n") + 1
-        state = json.loads(data[:end])
-        if state.get("version") != _VERSION:
-            raise ValueError(f"format version {state.get('version')!r} is not {_VERSION}")
-        raw_txn = state["txn"]
+            raise Damage("its checksum does not match")
+        end = data.find(b"\n") + 1
+        if not end:
+            raise Damage("it has no header line")
+        state = read_hold_header(data[:end], _VERSION, WHOLE, STREAM)
+        _check_frames(data, end, count)
         values: dict[str, Any] = {
             k: (LSN(v) if k in _TXN_LSNS else datetime.fromisoformat(v) if k in _TXN_TIMES
-                else v) for k, v in raw_txn.items()}
-        txn = Transaction(**values)
+                else v) for k, v in state["txn"].items()}
         remainder = state["remainder"]
         return HeldTransaction(
-            kind=state["kind"], slot=state["slot"], txn=txn,
+            kind=state["kind"], slot=state["slot"], txn=Transaction(**values),
             prepare_end=LSN(state["prepare_end"]),
             relations={r["id"]: _relation(r) for r in state["relations"]},
             aborted_subxids=set(state["aborted_subxids"]),
             streamed_subxids=set(state["streamed_subxids"]),
-            catalog_changes=bool(state["catalog_changes"]),
+            catalog_changes=state["catalog_changes"],
             remainder_lsns=None if remainder is None else (LSN(remainder[0]),
                                                            LSN(remainder[1])),
             frames=HeldSpool(budget, path, end, count), path=path,
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, Damage) as exc:
         raise HoldError(
             f"{path} is damaged ({exc}): it holds a prepared transaction that the slot has "
-            "been acknowledged past, so the server will not send it again. Restore the file "
-            "from a backup; to give the transaction up instead, remove it (its changes then "
-            "never reach this output)"
+            "been acknowledged past, so the server will not send it again. Nothing was "
+            "written or acknowledged. Restore the file from a backup; to give the "
+            "transaction up instead, remove it (its changes then never reach this output)"
         ) from None
+
+
+def _check_frames(data: bytes, offset: int, count: int) -> None:
+    """The ``count`` frames from ``offset`` fill the entry up to its trailer exactly."""
+    end = len(data) - 12
+    for number in range(count):
+        if offset + _ENTRY.size > end:
+            raise Damage(f"it holds {number} of the {count} frames its trailer counts")
+        _lsn, _xid, in_stream, length = _ENTRY.unpack_from(data, offset)
+        offset += _ENTRY.size + length
+        if in_stream > 1 or offset > end:
+            raise Damage(f"its frame {number + 1} runs past its end")
+    if offset != end:
+        raise Damage(f"it holds more than the {count} frames its trailer counts")

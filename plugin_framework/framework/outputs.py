@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import stat
 import sys
@@ -21,6 +20,13 @@ from typing import IO, Any, NoReturn, Protocol
 from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.framework.durable import NO_FSYNC, replace_durably
 from plugin_framework.framework.hold import HoldStore
+from plugin_framework.framework.statecheck import (
+    Damage,
+    Progress,
+    ends_a_line,
+    read_progress,
+    write_progress,
+)
 from plugin_framework.protocol import LSN
 
 
@@ -70,11 +76,6 @@ def _delivered(two_phase: bool) -> str:
 
 
 _BUFFER = 1 << 20  # FileOutput's write buffer for regular files
-
-
-# Where an output's initial snapshot stands (docs/snapshot.md): its copy under way, going on
-# as an incremental snapshot after an interruption, complete; None: no initial snapshot.
-SNAPSHOT_STATES = (None, "copying", "incremental", "done")
 
 
 class OutputError(Exception):
@@ -180,6 +181,8 @@ class FileOutput:
         self._failed: str | None = None  # why the output can no longer be made durable
         self._repair: tuple[bool, int] | None = None  # (new file, durable size) until used
         self._durable_size = 0
+        self._start = 0  # the file's size when pgdecode began writing it (FILE.progress)
+        self._created = False  # this run created the file (removed if never used)
         # prepared transactions held for the plugin until their outcome (hold.py)
         self.hold: HoldStore | None = None
         if isinstance(target, str | os.PathLike):
@@ -205,6 +208,8 @@ class FileOutput:
                     raise
                 actual = os.fstat(fd).st_size
                 self._durable_size = actual if size is None else size
+                if size is None:
+                    self._start = actual
                 self._repair = (size is None, self._durable_size)
                 self._owned = True
         else:
@@ -224,6 +229,7 @@ class FileOutput:
         except FileNotFoundError:
             self._resume(path)  # a missing file that FILE.progress says holds output: refused
             fd = os.open(path, flags | os.O_CREAT, 0o666)
+            self._created = True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -250,31 +256,17 @@ class FileOutput:
             return False
 
     def _resume(self, path: Path) -> int | None:
-        """The size to cut the file back to, from FILE.progress; None for a new file."""
+        """The size to cut the file back to, from FILE.progress (checked whole first: a
+        damaged one is refused before anything is cut); None for a new file."""
         assert self._progress is not None
         try:
-            state = json.loads(self._progress.read_text())
-            self.resume_lsn = LSN(state["lsn"])
-            self._slot = state.get("slot")
-            self._two_phase = state.get("two_phase")
-            self.snapshot_state = state.get("snapshot")
-            if self.snapshot_state not in SNAPSHOT_STATES:
-                raise ValueError(f"snapshot is {self.snapshot_state!r}")
-            if self._two_phase is not None and type(self._two_phase) is not bool:
-                raise ValueError(f"two_phase is {self._two_phase!r}, not true or false")
-            self.resume_open_streams = [int(x) for x in state.get("open_streams", [])]
-            self.resume_incremental = state.get("incremental")
-            self._incremental = self._marked_incremental = self.resume_incremental
-            size = state["size"]
-            if type(size) is not int or size < 0:
-                raise ValueError(f"the recorded size {size!r} is not a byte count")
+            progress = read_progress(self._progress.read_bytes())
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise OutputError(
-                f"{self._progress} is damaged ({exc}); remove it and {path} to start afresh"
-            ) from None
+        except (OSError, Damage) as exc:
+            raise OutputError(self._refusal(path, f"is damaged: {exc}")) from None
         actual = path.stat().st_size if path.exists() else 0
+        size = progress.size
         if size > actual:
             # What FILE.progress calls durable was acknowledged to the server, which will not
             # send it again: resuming would hide that it is gone.
@@ -284,7 +276,28 @@ class FileOutput:
                 f"is missing from {path}. Restore the file; to start afresh instead, remove "
                 "both files and re-create the slot (the missing changes are then not in it)"
             )
+        if size != progress.start and not ends_a_line(path, size):
+            # Cutting there would destroy whole lines the slot will not send again, and glue
+            # the next line to the torn one.
+            raise OutputError(self._refusal(path, (
+                f"records a durable size of {size} bytes, which falls inside a line of {path} "
+                "(every size pgdecode records ends just after a newline): it is damaged, or "
+                "belongs to another file")))
+        self.resume_lsn = progress.lsn
+        self._slot, self._two_phase = progress.slot, progress.two_phase
+        self.snapshot_state = progress.snapshot
+        self.resume_open_streams = list(progress.open_streams)
+        self.resume_incremental = progress.incremental
+        self._incremental = self._marked_incremental = self.resume_incremental
+        self._start = progress.start
         return size
+
+    def _refusal(self, path: Path, problem: str) -> str:
+        """A refused FILE.progress: what is wrong, and what to do."""
+        return (f"{self._progress} {problem}. Nothing was cut, written or acknowledged. "
+                "Restore the right progress file (or both files) from a backup; to start "
+                f"afresh instead, remove {path} and {self._progress} and re-create the slot "
+                "(the changes the file holds now are then not sent again)")
 
     def check_resume(self, server_lsn: LSN) -> None:
         """Refuse a FILE.progress whose LSN the server has not reached (``server_lsn``: how
@@ -536,18 +549,10 @@ class FileOutput:
         """Replace the progress file atomically and durably (the directory too: the server
         forgets what it is told is durable, so this must survive a power loss)."""
         assert self._progress is not None
-        state: dict[str, Any] = {"lsn": str(lsn), "size": size}
-        if self._slot is not None:
-            state["slot"] = self._slot
-        if self._two_phase is not None:
-            state["two_phase"] = self._two_phase
-        if self._marked_streams:
-            state["open_streams"] = self._marked_streams
-        if self._marked_incremental is not None:
-            state["incremental"] = self._marked_incremental
-        if self.snapshot_state is not None:
-            state["snapshot"] = self.snapshot_state
-        replace_durably(self._progress, lambda f: f.write(json.dumps(state).encode()))
+        data = write_progress(Progress(
+            lsn, size, self._start, self._slot, self._two_phase, tuple(self._marked_streams),
+            self._marked_incremental, self.snapshot_state))
+        replace_durably(self._progress, lambda f: f.write(data))
 
     def close(self) -> None:
         """Make what was marked durable and close. Lines written after the last mark (a
@@ -562,6 +567,11 @@ class FileOutput:
                 with contextlib.suppress(OSError, ValueError):
                     self.rollback_to(self._durable_size)
         finally:
+            if self._created and self._repair is not None and self._path is not None:
+                # Refused before it was used: no empty file left behind (it is still locked).
+                with contextlib.suppress(OSError):
+                    if os.fstat(self._file.fileno()).st_size == 0:
+                        self._path.unlink()
             if self._owned:
                 if self._failed is not None:
                     with contextlib.suppress(OSError, ValueError):

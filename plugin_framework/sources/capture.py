@@ -1,18 +1,24 @@
 """The capture format: a replication stream recorded to a file, to replay without a server.
 
-Layout of version 2, what is written (all integers big-endian):
+Layout of version 3, what is written (all integers big-endian):
 
-    PGDECODE-CAPTURE 2\n
+    PGDECODE-CAPTURE 3\n
     <one line of JSON: proto_version, options, server_version, slot, created>\n
     uint32 CRC-32 of that line (its newline included)
     then, repeated: uint32 length, uint32 CRC-32 of the length's 4 bytes and the payload,
     and that many bytes of one CopyData payload exactly as the server sent it ('w' XLogData
     or 'k' keepalive).
 
-A CRC-32 catches every single-bit flip and every burst up to 32 bits: a damaged header or
-frame is refused, naming the frame and its offset, instead of replaying a different stream.
-Version 1 (``PGDECODE-CAPTURE 1``) is the same without the CRCs; it is still read, and its
-damage can go unnoticed.
+Each frame's CRC-32 goes on from the one before it (the first from the header's): a frame
+that is damaged, dropped, repeated or moved breaks the chain there, and is refused, naming
+the frame and its offset, instead of replaying a different stream. A CRC-32 catches every
+single-bit flip and every burst up to 32 bits. ``verify_capture`` reads a capture through
+before anything of it is replayed: the chain, and the order of its messages (a Commit
+without its Begin, a capture cut inside a transaction).
+
+Version 2 (``PGDECODE-CAPTURE 2``) has a CRC-32 per frame, each on its own: a dropped or
+repeated frame is found there only where it breaks the order of the messages. Version 1 has
+no CRCs at all: damage that still decodes goes unnoticed. Both are still read.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
+from plugin_framework.framework.statecheck import Damage, TransactionBounds
 from plugin_framework.protocol import (
     MAX_PROTO_VERSION,
     MIN_PROTO_VERSION,
@@ -35,9 +42,12 @@ from plugin_framework.protocol import (
     XLogData,
     decode_copy_data,
 )
+from plugin_framework.protocol.framing import XLOGDATA_HEADER_SIZE
 
 MAGIC_V1 = b"PGDECODE-CAPTURE 1\n"  # no checksums: read, never written
-MAGIC = MAGIC_V2 = b"PGDECODE-CAPTURE 2\n"
+MAGIC_V2 = b"PGDECODE-CAPTURE 2\n"  # a checksum per frame: read, never written
+MAGIC = MAGIC_V3 = b"PGDECODE-CAPTURE 3\n"
+_VERSIONS = {MAGIC_V1: 1, MAGIC_V2: 2, MAGIC_V3: 3}
 _LEN = struct.Struct(">I")
 _LEN_CRC = struct.Struct(">II")
 _crc32 = zlib.crc32
@@ -64,11 +74,13 @@ class CaptureWriter:
             open(target, "wb")  # noqa: SIM115  (closed in close())
             if isinstance(target, str | Path) else target)
         line = json.dumps(asdict(header), sort_keys=True).encode() + b"\n"
-        self._file.write(MAGIC + line + _LEN.pack(_crc32(line)))
+        self._crc = _crc32(line)  # the chain of checksums starts from the header's
+        self._file.write(MAGIC + line + _LEN.pack(self._crc))
 
     def write(self, copy_data: bytes) -> None:
         length = _LEN.pack(len(copy_data))
-        self._file.write(_LEN_CRC.pack(len(copy_data), _crc32(copy_data, _crc32(length))))
+        self._crc = _crc32(copy_data, _crc32(length, self._crc))
+        self._file.write(_LEN_CRC.pack(len(copy_data), self._crc))
         self._file.write(copy_data)
 
     def flush(self) -> None:
@@ -120,29 +132,28 @@ def parse_header(raw: Any) -> CaptureHeader:
     return CaptureHeader(**raw)
 
 
-def _read_header(f: IO[bytes], path: str | Path) -> tuple[CaptureHeader, int]:
-    """The header, and the capture's format version."""
+def _read_header(f: IO[bytes], path: str | Path) -> tuple[CaptureHeader, int, int]:
+    """The header, the capture's format version, and the header line's CRC-32."""
     magic = f.read(len(MAGIC))
-    if magic == MAGIC_V2:
-        version = 2
-    elif magic == MAGIC_V1:
-        version = 1
-    elif magic[:-2] == MAGIC[:-2] and magic[-2:-1].isdigit() and magic[-1:] == b"\n":
-        raise CaptureFormatError(
-            f"{path} is a pgdecode capture of format version {magic[-2:-1].decode()}, which "
-            "this pgdecode does not read (it reads versions 1 and 2): use a newer pgdecode")
-    else:
+    version = _VERSIONS.get(magic)
+    if version is None:
+        if magic[:-2] == MAGIC[:-2] and magic[-2:-1].isdigit() and magic[-1:] == b"\n":
+            raise CaptureFormatError(
+                f"{path} is a pgdecode capture of format version {magic[-2:-1].decode()}, "
+                "which this pgdecode does not read (it reads versions 1 to 3): use a newer "
+                "pgdecode")
         raise CaptureFormatError(f"{path} is not a pgdecode capture (no {MAGIC!r} header)")
     line = f.readline()
+    crc = _crc32(line)
     if version >= 2:
         stored = f.read(_LEN.size)
-        if len(stored) < _LEN.size or _LEN.unpack(stored)[0] != _crc32(line):
+        if len(stored) < _LEN.size or _LEN.unpack(stored)[0] != crc:
             raise CaptureFormatError(
                 f"{path}: bad capture header: its checksum does not match (the file was "
                 "damaged or changed after it was written)")
     try:
-        return parse_header(json.loads(line)), version
-    except (ValueError, TypeError) as exc:  # CaptureFormatError, JSON or UTF-8 errors
+        return parse_header(json.loads(line)), version, crc
+    except (ValueError, TypeError, RecursionError) as exc:  # CaptureFormatError, JSON, UTF-8
         raise CaptureFormatError(f"{path}: bad capture header: {exc}") from None
 
 
@@ -152,17 +163,22 @@ def read_header(path: str | Path) -> CaptureHeader:
         return _read_header(f, path)[0]
 
 
-def read_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[XLogData | PrimaryKeepalive]]:
-    """The header, and an iterator over the recorded messages."""
+Frame = tuple[int, int, bytes]  # its number (from 1), its offset in the file, its payload
+
+
+def _open(path: str | Path) -> tuple[CaptureHeader, Iterator[Frame]]:
+    """The header, and an iterator over the frames, each checked against its checksum (and,
+    in version 3, against the chain from the frames before it)."""
     f = open(path, "rb")  # noqa: SIM115  (closed by the iterator)
     try:
-        header, version = _read_header(f, path)
+        header, version, crc = _read_header(f, path)
     except BaseException:
         f.close()
         raise
     head_size = _LEN_CRC.size if version >= 2 else _LEN.size
 
-    def frames() -> Iterator[XLogData | PrimaryKeepalive]:
+    def frames() -> Iterator[Frame]:
+        chain = crc if version >= 3 else 0
         with f:
             offset = f.tell()
             number = 1
@@ -174,28 +190,80 @@ def read_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[XLogData | P
                 payload = f.read(length)
                 if len(payload) < length:
                     raise CaptureFormatError(f"{path}: truncated frame ({where})")
-                if version >= 2 and _LEN.unpack_from(head, 4)[0] != _crc32(
-                        payload, _crc32(head[:4])):
-                    raise CaptureFormatError(
-                        f"{path}: damaged {where}: its checksum does not match (the file was "
-                        "damaged or changed after it was written)")
-                try:
-                    message = decode_copy_data(payload)
-                except ProtocolError as exc:
-                    raise CaptureFormatError(f"{path}: damaged {where}: {exc}") from None
-                yield message
+                if version >= 2:
+                    computed = _crc32(payload, _crc32(head[:4], chain))
+                    if _LEN.unpack_from(head, 4)[0] != computed:
+                        why = ("the frame was damaged, or one before it is missing, repeated "
+                               "or out of place" if version >= 3
+                               else "the file was damaged or changed after it was written")
+                        raise CaptureFormatError(
+                            f"{path}: damaged {where}: its checksum does not match ({why})")
+                    if version >= 3:
+                        chain = computed
+                yield number, offset, payload
                 offset += head_size + length
                 number += 1
 
     return header, frames()
 
 
+def read_capture(path: str | Path) -> tuple[CaptureHeader, Iterator[XLogData | PrimaryKeepalive]]:
+    """The header, and an iterator over the recorded messages."""
+    header, frames = _open(path)
+
+    def messages() -> Iterator[XLogData | PrimaryKeepalive]:
+        for number, offset, payload in frames:
+            try:
+                yield decode_copy_data(payload)
+            except ProtocolError as exc:
+                raise CaptureFormatError(
+                    f"{path}: damaged frame {number} at byte {offset}: {exc}") from None
+
+    return header, messages()
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What ``verify_capture`` found: a capture whole up to its end (``damage`` None), or
+    the damage that stops it (the whole transactions before it can be replayed): in frame
+    number ``at``, or (None) at its end."""
+
+    frames: int
+    damage: str | None
+    at: int | None = None
+
+
+def verify_capture(path: str | Path) -> Verified:
+    """Read a capture through before anything of it is replayed: every frame's checksum
+    (and their chain), every frame a CopyData message, the messages in the order a server
+    sends them, and an end at a transaction boundary (not inside a transaction or a stream
+    block). A bad header is refused at once (CaptureFormatError)."""
+    _, frames = _open(path)
+    bounds = TransactionBounds()
+    number = 0
+    where = "its header"
+    try:
+        for number, offset, payload in frames:
+            where = f"frame {number} at byte {offset}"
+            if payload[:1] == b"w" and len(payload) > XLOGDATA_HEADER_SIZE:
+                bounds.add(payload[XLOGDATA_HEADER_SIZE])  # the pgoutput message's tag
+            else:
+                decode_copy_data(payload)  # a keepalive, else ProtocolError
+    except CaptureFormatError as exc:  # a checksum, a truncated frame: in the next one
+        return Verified(number, str(exc).removeprefix(f"{path}: "), number + 1)
+    except (Damage, ProtocolError) as exc:
+        return Verified(number, f"damaged {where}: {exc}", number)
+    if bounds.inside:
+        return Verified(number, f"it ends inside a transaction, at {where} (it was cut short)")
+    return Verified(number, None)
+
+
 def described_relations(path: str | Path) -> Iterator[RelationMessage]:
     """The Relation messages of a capture, decoded (nothing else is): what a replay will learn
     of its tables, to check options against before replaying. A bad header is refused at
     once; a truncated or damaged frame when the iteration reaches it."""
-    header, frames = read_capture(path)
-    return _relations(header.proto_version, frames)
+    header, messages = read_capture(path)
+    return _relations(header.proto_version, messages)
 
 
 def _relations(proto_version: int,

@@ -1,7 +1,12 @@
-"""Replication slot management: create (optionally if not exists), drop, list."""
+"""Replication slots: the one check of a slot that every source and command runs before it
+uses one (``usable_slot``: exists, logical, pgoutput, this database, not invalidated, not read
+by another consumer; two-phase decoding as the run expects), and their management: create
+(optionally if not exists), drop, list."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +20,20 @@ from plugin_framework.sources.errors import (
     SourceError,
     invalidated_advice,
 )
-from plugin_framework.sources.replication import ReplicationStream
+
+log = logging.getLogger("pgdecode.source")
+
+# Runs one query (no parameters: a replication connection takes only the simple protocol)
+# and returns its rows: ``ReplicationStream.command``, or ``sql_query(conn)``.
+Query = Callable[[str], list[tuple[Any, ...]]]
+
+
+def sql_query(conn: psycopg.Connection[Any]) -> Query:
+    """A Query on an ordinary connection."""
+    def run(text: str) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(text)  # (text: built with quote_standard_literal)
+        return cursor.fetchall() if cursor.description else []
+    return run
 
 
 @dataclass(frozen=True)
@@ -32,6 +50,7 @@ class SlotInfo:
     wal_status: str | None
     failover: bool | None  # PostgreSQL 17 and later
     invalidation_reason: str | None  # PostgreSQL 17 and later
+    slot_type: str = "logical"
 
 
 def list_slots(conn: psycopg.Connection[Any], name: str | None = None) -> list[SlotInfo]:
@@ -86,13 +105,15 @@ def create_slot(conn: psycopg.Connection[Any], name: str, *, two_phase: bool = F
                 if_not_exists: bool = False) -> tuple[SlotInfo, bool]:
     """Create a pgoutput slot; returns it and whether it was created now. A temporary slot
     lasts as long as ``conn``'s session."""
-    existing = list_slots(conn, name)
-    if existing:
-        if if_not_exists:
-            return existing[0], False
+    query = sql_query(conn)
+    existing = lookup_slot(query, name, conn.info.server_version)
+    if existing is not None:
+        if if_not_exists:  # one pgdecode can use
+            return check_usable(existing, name, dbname=conn.info.dbname, reader=False), False
         raise psycopg.errors.DuplicateObject(f'replication slot "{name}" already exists')
     if failover and conn.info.server_version < 170000:
         raise ValueError("failover slots need PostgreSQL 17 or later")
+    note_slot_wait(query, name)
     if conn.info.server_version >= 170000:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', %s, %s, %s)",
                      (name, temporary, two_phase, failover))
@@ -126,39 +147,89 @@ def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bo
             + ("EXPORT_SNAPSHOT" if export else "NOEXPORT_SNAPSHOT"))
 
 
-def check_slot(repl: ReplicationStream, slot: str, *, temporary: bool,
-               previous_pid: int | None) -> tuple[bool, LSN | None]:
-    """That the slot can be streamed from on this replication connection (it exists, is a
-    pgoutput slot of this database, was not invalidated, and no other consumer holds it),
-    else SourceError saying what to do. Returns its two_phase and confirmed_flush_lsn.
-    ``previous_pid``: the walsender of our last connection, which may not be gone yet."""
-    why_lost = "invalidation_reason" if repl.conn.info.server_version >= 170000 else "NULL"
-    rows = repl.command(
-        "SELECT plugin, database, wal_status, active_pid, confirmed_flush_lsn::text, "
-        f"{why_lost}, two_phase FROM pg_replication_slots "
-        f"WHERE slot_name = {quote_standard_literal(slot)}")
+def lookup_slot(query: Query, slot: str, server_version: int) -> SlotInfo | None:
+    """The slot's row of pg_replication_slots, whatever its type (None: there is none)."""
+    later = ("failover, invalidation_reason" if server_version >= 170000 else "NULL, NULL")
+    rows = query(
+        "SELECT plugin, database, temporary, active, active_pid, two_phase, "
+        f"confirmed_flush_lsn::text, restart_lsn::text, wal_status, {later}, slot_type "
+        f"FROM pg_replication_slots WHERE slot_name = {quote_standard_literal(slot)}")
     if not rows:
+        return None
+    r = rows[0]
+    return SlotInfo(slot, r[0], r[1], bool(r[2]), bool(r[3]), r[4], bool(r[5]),
+                    LSN(r[6]) if r[6] else None, LSN(r[7]) if r[7] else None, r[8], r[9],
+                    r[10], r[11])
+
+
+def check_usable(info: SlotInfo | None, slot: str, *, dbname: str, reader: bool = True,
+                 temporary: bool = False, previous_pid: int | None = None,
+                 two_phase: bool = False) -> SlotInfo:
+    """That pgdecode can use the slot (``info``, from lookup_slot), else SourceError with
+    one message that says what to do (SlotUnusable: missing or invalidated). ``reader``:
+    the caller reads the slot, so no other consumer may (``previous_pid``: the walsender of
+    our own last connection, which may not be gone yet; ``temporary``: a slot this
+    connection made). ``two_phase``: the run asked for a two-phase slot (--two-phase),
+    which an existing slot made without one cannot become: said as a warning."""
+    if info is None:
         raise SlotUnusable(
             f'replication slot "{slot}" does not exist: create it with `pgdecode slot '
             f"create -S {slot} ...` or pass --create-slot")
-    plugin, database, wal_status, pid, confirmed, reason, two_phase = rows[0]
-    if plugin != "pgoutput":
+    if info.slot_type != "logical":
         raise SourceError(
-            f'replication slot "{slot}" uses output plugin "{plugin}"; pgdecode reads '
-            "pgoutput slots: create one with `pgdecode slot create`")
-    if database != repl.conn.info.dbname:
+            f'replication slot "{slot}" is a {info.slot_type} slot; pgdecode reads logical '
+            "slots of output plugin pgoutput: create one with `pgdecode slot create -S NAME` "
+            "(or --create-slot)")
+    if info.plugin != "pgoutput":
         raise SourceError(
-            f'replication slot "{slot}" belongs to database "{database}", not '
-            f'"{repl.conn.info.dbname}": connect to that database with -d')
-    if wal_status == "lost":
-        why = f" ({reason})" if reason else ""
+            f'replication slot "{slot}" uses output plugin "{info.plugin}", not pgoutput, '
+            "which pgdecode reads: create a slot of its own for pgdecode (`pgdecode slot "
+            "create -S NAME`, or --create-slot), and leave this one to its consumer")
+    if info.database != dbname:
+        raise SourceError(
+            f'replication slot "{slot}" belongs to database "{info.database}", not '
+            f'"{dbname}": connect to that database with -d')
+    if info.wal_status == "lost" or info.invalidation_reason is not None:
+        why = f" ({info.invalidation_reason})" if info.invalidation_reason else ""
         raise SlotUnusable(
             f'replication slot "{slot}" was invalidated{why} and cannot be used '
-            f"again: {invalidated_advice(slot, reason)}")
-    if pid is not None and not temporary:
+            f"again: {invalidated_advice(slot, info.invalidation_reason)}")
+    pid = info.active_pid
+    if reader and pid is not None and not temporary:
         if pid == previous_pid:  # our own previous walsender, not yet gone: try again shortly
             raise ConnectionLost(f'replication slot "{slot}" is still active for PID {pid}')
         raise SourceError(
             f'replication slot "{slot}" is active for PID {pid}: another consumer is '
             "reading it; stop it, or use another slot (each consumer needs its own)")
-    return bool(two_phase), LSN(confirmed) if confirmed else None
+    if two_phase and not info.two_phase:
+        log.warning('replication slot "%s" was created without two-phase decoding, which '
+                    "pgdecode never turns on for an existing slot: prepared transactions "
+                    "arrive at COMMIT PREPARED. For them at PREPARE, create a new slot with "
+                    "--two-phase", slot)
+    return info
+
+
+def usable_slot(query: Query, slot: str, *, dbname: str, server_version: int,
+                reader: bool = True, temporary: bool = False,
+                previous_pid: int | None = None, two_phase: bool = False) -> SlotInfo:
+    """The slot, looked up and checked (``check_usable``)."""
+    return check_usable(lookup_slot(query, slot, server_version), slot, dbname=dbname,
+                        reader=reader, temporary=temporary, previous_pid=previous_pid,
+                        two_phase=two_phase)
+
+
+def note_slot_wait(query: Query, slot: str) -> None:
+    """Before a slot is created: say that it waits for the transactions in progress, the
+    prepared ones included, which may stay open for hours."""
+    rows = query("SELECT count(*), string_agg(quote_literal(gid), ', ' ORDER BY prepared) "
+                 "FROM pg_prepared_xacts")
+    count, gids = rows[0] if rows else (0, None)
+    if count:
+        log.warning('creating replication slot "%s" waits until the %d prepared '
+                    "transaction%s of the server (%s) %s committed or rolled back (COMMIT "
+                    "PREPARED or ROLLBACK PREPARED; see pg_prepared_xacts): a slot starts "
+                    "only once every transaction begun before it has ended", slot, count,
+                    "" if count == 1 else "s", gids, "is" if count == 1 else "are")
+    else:
+        log.info('creating replication slot "%s" (once the transactions in progress have '
+                 "ended)", slot)

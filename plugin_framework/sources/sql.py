@@ -18,7 +18,7 @@ import psycopg
 
 from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN
-from plugin_framework.sources.errors import SlotUnusable, SourceError, explain
+from plugin_framework.sources.errors import SourceError, explain
 from plugin_framework.sources.monitor import SlotMonitor
 from plugin_framework.sources.session import (
     Progress,
@@ -32,7 +32,7 @@ from plugin_framework.sources.session import (
     start_pipeline,
     wal_level_error,
 )
-from plugin_framework.sources.slots import create_slot, drop_slot, list_slots
+from plugin_framework.sources.slots import create_slot, drop_slot, sql_query, usable_slot
 
 log = logging.getLogger("pgdecode.source")
 
@@ -88,20 +88,13 @@ class SqlSource:
         if cfg.create_slot:
             _, is_init = create_slot(conn, cfg.slot, two_phase=cfg.slot_two_phase,
                                      temporary=cfg.temporary_slot, if_not_exists=True)
-        slots = list_slots(conn, cfg.slot)
-        if not slots:
-            raise SlotUnusable(
-                f'replication slot "{cfg.slot}" does not exist: create it with `pgdecode slot '
-                f"create -S {cfg.slot} ...` or pass --create-slot"
-            )
-        if slots[0].database != conn.info.dbname:
-            raise SourceError(
-                f'replication slot "{cfg.slot}" belongs to database "{slots[0].database}", '
-                f'not "{conn.info.dbname}": connect to that database with -d'
-            )
-        if slots[0].confirmed_flush_lsn is not None:
+        slot = usable_slot(sql_query(conn), cfg.slot, dbname=conn.info.dbname,
+                           server_version=conn.info.server_version,
+                           temporary=cfg.temporary_slot,  # (held by this session)
+                           two_phase=cfg.slot_two_phase and not is_init and not self._started)
+        if slot.confirmed_flush_lsn is not None:
             # Never advance to less than the slot has: the server refuses to move it back.
-            self.progress.acked = max(self.progress.acked, slots[0].confirmed_flush_lsn)
+            self.progress.acked = max(self.progress.acked, slot.confirmed_flush_lsn)
         server_version = conn.info.server_version
         proto = check_proto_version(cfg.proto_version, server_version)
         if not self._started:
@@ -110,18 +103,12 @@ class SqlSource:
                            lambda: drop_slot(conn, cfg.slot, if_exists=True),
                            server_lsn=LSN(wal_end[0]) if wal_end else None)
             self._started = True
-        two_phase = cfg.two_phase
-        if two_phase is None:
-            two_phase = any(m.ctx.twophase for m in self.pipeline.members)
+        # Through the SQL interface, two_phase is the slot's property, not an option.
         options = pgoutput_options(cfg, proto, two_phase=False, server_version=server_version,
                                    local_only=only_local(self.pipeline))
         if cfg.streaming == "parallel":
             options["streaming"] = "on"  # the SQL interface has no parallel apply to feed
         flat = [x for kv in options.items() for x in kv]
-        # Through the SQL interface, two_phase is the slot's property, not an option.
-        if two_phase and not slots[0].two_phase:
-            log.warning('slot "%s" was created without two_phase: prepared transactions '
-                        "arrive at COMMIT PREPARED", cfg.slot)
         log.info('reading slot "%s" from %s through SQL: pgoutput protocol %d, publications %s',
                  cfg.slot, self.progress.acked, proto, ", ".join(cfg.publications))
         batch = self.batch_changes

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import psycopg
 
 from plugin_framework.framework import Pipeline
-from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
+from plugin_framework.pgtypes import quote_ident_always
 from plugin_framework.protocol import (
     LSN,
     PrimaryKeepalive,
@@ -38,18 +38,12 @@ from plugin_framework.protocol.framing import (
     xlogdata_wal_start,
 )
 from plugin_framework.protocol.lsn import wire_lsn
-from plugin_framework.sources.errors import (
-    ConnectionLost,
-    SourceError,
-    explain,
-)
+from plugin_framework.sources import slots
+from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
 from plugin_framework.sources.initialcopy import InitialCopy, unfinished
 from plugin_framework.sources.monitor import SlotMonitor
-from plugin_framework.sources.replication import (
-    ReplicationError,
-    ReplicationStream,
-)
+from plugin_framework.sources.replication import ReplicationError, ReplicationStream
 from plugin_framework.sources.session import (
     Progress,
     SnapshotProgress,
@@ -63,7 +57,6 @@ from plugin_framework.sources.session import (
     start_pipeline,
     wal_level_error,
 )
-from plugin_framework.sources.slots import check_slot, create_replication_slot_command
 from plugin_framework.sources.snapshot import (
     check_snapshot_outputs,
     no_timeouts,
@@ -231,23 +224,23 @@ class WalsenderSource:
     def _create_slot(self, repl: ReplicationStream, server_version: int) -> bool:
         cfg = self.config
         export = self.initial.pending
-        exists = repl.command(
-            "SELECT two_phase FROM pg_replication_slots WHERE slot_name = "
-            f"{quote_standard_literal(cfg.slot)}")
+        found = slots.lookup_slot(repl.command, cfg.slot, server_version)
+        if found is not None:  # one that pgdecode cannot use is refused before anything
+            slots.check_usable(found, cfg.slot, dbname=repl.conn.info.dbname, reader=False,
+                               two_phase=cfg.slot_two_phase and not self._started)
+        exists = found is not None
         if exists and export:
             if self.initial.on_existing_slot(
                     lambda: repl.command(self._drop_slot_command(wait=True))):
-                exists = []  # dropped: made again below
+                exists = False  # dropped: made again below
             elif self.initial.resumed and self.progress.snapshot is not None:
                 self.progress.snapshot.done = True  # it goes on as an incremental one
         if exists:
-            if cfg.slot_two_phase and not exists[0][0] and not self._started:
-                log.warning('replication slot "%s" exists already, without two_phase: '
-                            "--two-phase applies only to a slot created now", cfg.slot)
             return False
+        slots.note_slot_wait(repl.command, cfg.slot)
         if export:  # the export's transaction lasts until the copy's connections import it
             repl.command(no_timeouts(server_version))
-        rows = repl.command(create_replication_slot_command(
+        rows = repl.command(slots.create_replication_slot_command(
             cfg.slot, temporary=cfg.temporary_slot, two_phase=cfg.slot_two_phase,
             server_version=server_version, export=export))
         log.info('created replication slot "%s"', cfg.slot)
@@ -268,9 +261,11 @@ class WalsenderSource:
                 self._repl.command(self._drop_slot_command())
 
     def _check_slot(self, repl: ReplicationStream) -> None:
-        cfg = self.config
-        self._slot_two_phase, confirmed = check_slot(
-            repl, cfg.slot, temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+        cfg, info = self.config, repl.conn.info
+        slot = slots.usable_slot(repl.command, cfg.slot, dbname=info.dbname,
+                                 server_version=info.server_version,
+                                 temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+        self._slot_two_phase, confirmed = slot.two_phase, slot.confirmed_flush_lsn
         if confirmed is not None:  # (never less than the server has: the slot would go back)
             self.progress.acked = max(self.progress.acked, confirmed)
 

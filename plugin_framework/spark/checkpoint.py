@@ -20,30 +20,32 @@ the snapshot is whose rows the batches up to it hold (``snapshot_progress``: a r
 on from there), and ``CHECKPOINT/snapshot`` whether an initial copy is under way::
 
     CHECKPOINT/data/18.arrow    the rows of batch 18, while fn has not finished it
-    CHECKPOINT/snapshot         {"state": "copying"}, "incremental" or "done"
+    CHECKPOINT/snapshot         {"state": "copying"} or {"state": "done"}
 """
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from plugin_framework import LSN
+from plugin_framework.framework import statecheck as check
 from plugin_framework.framework.durable import replace_durably
-from plugin_framework.framework.outputs import SNAPSHOT_STATES
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 RETAIN = 100
+T = TypeVar("T")
 
 
-class CheckpointError(Exception):
+class CheckpointError(check.StateFileError):
     """The checkpoint directory is damaged or belongs to another slot."""
 
 
@@ -62,18 +64,23 @@ class BatchRange:
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    replace_durably(path, lambda f: f.write(json.dumps(data).encode()))
+    replace_durably(path, lambda f: f.write(check.dump_state(data)))
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _damaged(path: Path, what: object) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is damaged ({what}): the checkpoint cannot be trusted, so nothing was "
+        "delivered or acknowledged. Restore the checkpoint directory from a backup; to start "
+        "afresh instead, remove it (and what its batches were written to) and create a new "
+        "slot")
+
+
+def _read(path: Path, read: Callable[..., T], *args: Any) -> T:
+    """An entry, checked whole by ``read`` (statecheck's reader of its kind)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} cannot be read ({exc}); the checkpoint is damaged") \
-            from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a checkpoint entry")
-    return data
+        return read(path.read_bytes(), *args)
+    except (OSError, check.Damage) as exc:
+        raise _damaged(path, exc) from None
 
 
 def _ids(directory: Path) -> list[int]:
@@ -93,7 +100,7 @@ class Checkpoint:
         self.data.mkdir(exist_ok=True)
         meta = self.directory / "metadata"
         if meta.exists():
-            metadata = _read(meta)
+            metadata = _read(meta, check.read_checkpoint_metadata)
             recorded = metadata.get("slot")
             if slot is not None and recorded is not None and recorded != slot:
                 raise CheckpointError(
@@ -110,46 +117,57 @@ class Checkpoint:
         self.last_committed: BatchRange | None = None
         self.pending: BatchRange | None = None
         self.acked = LSN(0)  # the ack recorded with the last committed batch
-        self._load()
+        for again in reversed(range(10)):
+            listed = (_ids(self.offsets), _ids(self.commits))
+            try:
+                self._load(*listed)
+                break
+            except CheckpointError:
+                # Read while the process that writes it went on (a batch committed, its
+                # stored rows removed, old entries purged): read again, else it is damage
+                if not again or (_ids(self.offsets), _ids(self.commits)) == listed:
+                    raise
+                self.pending = self.last_committed = None
+                self.acked = LSN(0)
         snapshot = self.directory / "snapshot"
         self.snapshot_state: str | None = None  # an initial copy's (SNAPSHOT_STATES)
         if snapshot.exists():
-            self.snapshot_state = _read(snapshot).get("state")
-            if self.snapshot_state is None or self.snapshot_state not in SNAPSHOT_STATES:
-                raise CheckpointError(f"{snapshot} is damaged (state "
-                                      f"{self.snapshot_state!r})")
+            self.snapshot_state = _read(snapshot, check.read_checkpoint_snapshot)
 
     def _entry(self, batch_id: int) -> BatchRange:
-        data = _read(self.offsets / str(batch_id))
-        try:
-            progress = data.get("snapshot_progress")
-            if progress is not None and not isinstance(progress, dict):
-                raise ValueError(f"snapshot_progress is {progress!r}")
-            return BatchRange(int(data["batch_id"]), LSN(data["start"]), LSN(data["end"]),
-                              int(data.get("rows", 0)), int(data.get("transactions", 0)),
-                              progress, bool(data.get("stored", False)))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"{self.offsets / str(batch_id)} is damaged ({exc})") \
-                from None
+        data = _read(self.offsets / str(batch_id), check.read_checkpoint_offsets, batch_id)
+        return BatchRange(batch_id, LSN(data["start"]), LSN(data["end"]), data.get("rows", 0),
+                          data.get("transactions", 0), data.get("snapshot_progress"),
+                          data.get("stored", False))
 
-    def _load(self) -> None:
-        offsets = _ids(self.offsets)
-        commits = _ids(self.commits)
+    def _load(self, offsets: list[int], commits: list[int]) -> None:
+        """Every entry checked, and their ids, before anything is delivered again."""
+        if offsets:  # (commits older than every offsets entry: a purge cut short)
+            commits = [c for c in commits if c >= offsets[0]]
+        try:
+            check.check_batch_ids(offsets, commits)
+        except check.Damage as exc:
+            raise _damaged(self.directory, exc) from None
         if not offsets:
             return
-        latest = offsets[-1]
-        if commits and commits[-1] > latest:
-            raise CheckpointError(f"{self.directory}: commit {commits[-1]} has no offsets entry")
-        if not commits or commits[-1] != latest:
+        latest, newest = offsets[-1], commits[-1] if commits else None
+        if newest != latest:
             self.pending = self._entry(latest)
-        if commits and commits[-1] >= latest - 1:
-            self.last_committed = self._entry(commits[-1])
-            data = _read(self.commits / str(commits[-1]))
-            try:
-                self.acked = LSN(data.get("ack", data["end"]))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise CheckpointError(f"{self.commits / str(commits[-1])} is damaged ({exc})") \
-                    from None
+            if self.pending.stored:
+                self.stored_rows(self.pending)  # there, and readable, before anything else
+        if newest is not None:
+            done = _read(self.commits / str(newest), check.read_checkpoint_commit, newest)
+            self.last_committed = self._entry(newest)
+            self.acked = LSN(done.get("ack", done["end"]))
+        for directory, ids, read in ((self.offsets, offsets[:-1], check.read_checkpoint_offsets),
+                                     (self.commits, commits[:-1], check.read_checkpoint_commit)):
+            for i in ids:  # the older entries too
+                try:
+                    _read(directory / str(i), read, i)
+                except CheckpointError:
+                    # removed meanwhile by the process writing it (the oldest go first)?
+                    if (directory / str(i)).exists() or min(_ids(directory), default=i) <= i:
+                        raise
 
     @property
     def next_batch_id(self) -> int:
@@ -178,20 +196,25 @@ class Checkpoint:
     def begin(self, batch: BatchRange, table: pa.Table | None = None) -> None:
         """Record a batch before ``fn`` sees it; its rows too (``table``) if ``stored``."""
         assert batch.stored == (table is not None)
-        if table is not None:
-            import pyarrow as pa
-
-            def write(f: IO[bytes]) -> None:
-                with pa.ipc.new_file(f, table.schema) as writer:
-                    writer.write_table(table)
-
-            replace_durably(self.data / f"{batch.batch_id}.arrow", write)
-        _write_atomic(self.offsets / str(batch.batch_id), {
+        entry: dict[str, Any] = {
             "batch_id": batch.batch_id, "start": str(batch.start), "end": str(batch.end),
             "rows": batch.rows, "transactions": batch.transactions,
             "snapshot_progress": batch.snapshot_progress, "stored": batch.stored,
-            "created": datetime.now(UTC).isoformat(),
-        })
+            "created": datetime.now(UTC).isoformat()}
+        if table is not None:
+            import pyarrow as pa
+
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            data = sink.getvalue().to_pybytes()
+            entry["stored_crc32"] = zlib.crc32(data)
+
+            def write(f: IO[bytes]) -> None:
+                f.write(data)
+
+            replace_durably(self.data / f"{batch.batch_id}.arrow", write)
+        _write_atomic(self.offsets / str(batch.batch_id), entry)
         self.pending = batch
 
     def stored_rows(self, batch: BatchRange) -> pa.Table:
@@ -199,13 +222,19 @@ class Checkpoint:
         import pyarrow as pa
 
         path = self.data / f"{batch.batch_id}.arrow"
+        crc = _read(self.offsets / str(batch.batch_id), check.read_checkpoint_offsets,
+                    batch.batch_id).get("stored_crc32")
         try:
-            with pa.memory_map(str(path)) as source:
-                return pa.ipc.open_file(source).read_all()
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise CheckpointError(f"{path}, the rows of batch {batch.batch_id} that must be "
-                                  f"delivered again, cannot be read ({exc}); the checkpoint "
-                                  "is damaged") from None
+            data = path.read_bytes()
+            if crc is not None and zlib.crc32(data) != crc:
+                raise ValueError("its checksum does not match the one its offsets entry "
+                                 "records")
+            table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+            table.validate(full=True)
+            return table
+        except (OSError, ValueError, pa.ArrowException) as exc:  # ArrowInvalid: a ValueError
+            raise _damaged(path, f"it holds the rows of batch {batch.batch_id}, which must "
+                           f"be delivered again, and cannot be read: {exc}") from None
 
     def commit(self, batch: BatchRange, ack: LSN | None = None) -> None:
         """Record that ``fn`` returned for a batch, and how far the slot may then be

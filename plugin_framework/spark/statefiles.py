@@ -56,6 +56,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plugin_framework.framework.statecheck import (
+    Damage,
+    StateFileError,
+    dump_state,
+    read_manifest,
+)
 from plugin_framework.spark.schemas import Description, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
@@ -102,10 +108,9 @@ class Manifest:
     query: str | None = None  # the streaming query of the batch (None: not known)
 
     def dumps(self) -> bytes:
-        return json.dumps({"batch": self.batch, "files": self.files,
+        return dump_state({"batch": self.batch, "files": self.files,
                            "description": self.description, "bounds": self.bounds,
-                           "bounded": self.bounded, "query": self.query},
-                          ensure_ascii=False).encode()
+                           "bounded": self.bounded, "query": self.query}, ensure_ascii=False)
 
     def bounds_of(self, key: str) -> dict[str, list[Any]]:
         """The bounds, if they are of column ``key`` (a table's key can change: a primary
@@ -113,8 +118,18 @@ class Manifest:
         return self.bounds if self.bounded in (None, key) else {}
 
     @classmethod
-    def loads(cls, data: bytes) -> Manifest:
-        raw = json.loads(data)
+    def loads(cls, data: bytes, path: str = "the manifest", batch: int | None = None
+              ) -> Manifest:
+        """A manifest, checked whole (StateFileError naming ``path``); ``batch``: the batch
+        its file name says."""
+        try:
+            raw = read_manifest(data, batch)
+        except Damage as exc:
+            raise StateFileError(
+                f"{path} is damaged ({exc}): the state of its table cannot be trusted, and "
+                "nothing was changed. Restore it from a backup; to start afresh instead, "
+                "remove the table's directory and copy the table again (pgdecode snapshot "
+                "--table, or a new slot with --snapshot initial)") from None
         description = raw["description"]
         return cls(int(raw["batch"]), {str(k): int(v) for k, v in raw["files"].items()},
                    None if description is None else tuple((str(n), str(t))
@@ -173,7 +188,7 @@ class StateFiles:
             return self._adopt()
         latest = max(found)
         with self.fs.open_input_stream(found[latest]) as f:
-            manifest = Manifest.loads(f.read())
+            manifest = Manifest.loads(f.read(), found[latest], latest)
         for batch, path in pending.items():
             if batch != latest:
                 self.fs.delete_dir(path)  # a batch that did not commit

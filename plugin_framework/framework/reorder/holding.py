@@ -128,14 +128,19 @@ class Holding(Acknowledgement):
                 return state
         return None
 
-    def _restore_held(self) -> None:
-        """At startup: the prepared transactions the outputs hold, back into ``_prepared``."""
+    def _load_held(self) -> dict[int, list[HeldTransaction]]:
+        """At startup, first: the entries each output holds (damaged ones refused)."""
+        return {i: store.load(self.budget) for i in range(len(self.members))
+                if (store := self._hold_of(i)) is not None}
+
+    def _restore_held(self, loaded: dict[int, list[HeldTransaction]]) -> None:
+        """At startup: the prepared transactions the outputs hold (``_load_held``), back into
+        ``_prepared``."""
         restored: dict[str, TxnState] = {}
-        for i in range(len(self.members)):
+        for i, entries in loaded.items():
             store = self._hold_of(i)
-            if store is None:
-                continue
-            for held in store.load(self.budget):
+            assert store is not None
+            for held in entries:
                 gid = held.txn.gid
                 assert gid is not None
                 if held.slot is not None and self.slot_name is not None \

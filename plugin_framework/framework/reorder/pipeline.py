@@ -139,6 +139,7 @@ class Pipeline(Streams, TwoPhase):
                 m.call("startup", LSN(0), None, m.ctx.options, is_init, writes=False)
             m.ctx.streaming = m.ctx.streaming and m.plugin.streaming
             m.ctx.twophase = m.ctx.twophase and m.plugin.two_phase
+        held = self._load_held()  # every entry checked before an output is claimed (cut)
         if self.slot_name is not None:
             # An output resumed after a restart skips what it holds; that is only right for
             # the stream that wrote it, with prepared transactions taken the same way.
@@ -147,7 +148,7 @@ class Pipeline(Streams, TwoPhase):
                 if claim is not None:
                     claim(self.slot_name, two_phase=m.ctx.twophase)
         self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
-        self._restore_held()
+        self._restore_held(held)
         for i, m in enumerate(self.members):
             # Streams the output had blocks of, unfinished, when it was last durable: the
             # server streams them again from their start. Abort the old blocks first, as
