@@ -436,10 +436,11 @@ def test_formatters_may_decline_and_are_held_to_textual_output() -> None:
 
 
 FORMATTERS = {
-    "json": ("_jsonrow", ((1, (b"",) * 6, (b'"a"',), b"\0", (bytes,), (), bytes), {})),
-    "text": ("_textrow", ((1, (b"a", b"b", b"c"), b"\0", (b"x",), (b"y",), False), {})),
-    "wal2json": ("_wal2jsonrow", ((1, (b"a", b"b", b"c"), b"", (b"x",), (b"y",), (b"z",), b"\0",
-                                   (0,), (), 7, False, False, True), {})),
+    "json": ("json.native._jsonrow", ((1, (b"",) * 6, (b'"a"',), b"\0", (bytes,), (), bytes), {})),
+    "text": ("text.native._textrow", ((1, (b"a", b"b", b"c"), b"\0", (b"x",), (b"y",), False), {})),
+    "wal2json": ("wal2json.native._wal2jsonrow",
+                 ((1, (b"a", b"b", b"c"), b"", (b"x",), (b"y",), (b"z",), b"\0", (0,), (), 7,
+                   False, False, True), {})),
 }
 
 
