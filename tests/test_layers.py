@@ -30,6 +30,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("framework", ("plugin_framework.framework", "plugin_framework")),
     ("rowfilter", ("plugin_framework.rowfilter",)),
     ("sources", ("plugin_framework.sources",)),
+    # Snapshots use the sources' connections, errors and sessions; the walsender source, the
+    # one that drives them, is above them (a unit of its own in the package graph).
+    ("snapshots", ("plugin_framework.sources.snapshots",)),
+    ("walsender", ("plugin_framework.sources.walsender",)),
     # The assembly of pipelines (app), the demo built on it, and the throwaway cluster the
     # demo and the tests start: above every source, below what runs a pipeline (Spark's
     # foreachBatch stream assembles its pipeline with app too).
@@ -67,11 +71,13 @@ class Module:
     @property
     def unit(self) -> str:
         """What the package graph counts it in: its package; a module directly in
-        plugin_framework is a unit of its own (app, demo, cluster...), as the layers are."""
+        plugin_framework, or one LAYERS names by itself (the walsender source), is a unit of
+        its own, as the layers are."""
         if self.is_package:
             return self.name
         package = self.name.rpartition(".")[0]
-        return self.name if package == "plugin_framework" else package
+        named = any(self.name in prefixes for _, prefixes in LAYERS)
+        return self.name if package == "plugin_framework" or named else package
 
 
 def modules() -> dict[str, Module]:

@@ -46,11 +46,12 @@ from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
 from plugin_framework.cli.status import StatusLine
 from plugin_framework.protocol import Decoder
-from plugin_framework.sources import snapshot
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.libpq import copy_reader_bound
 from plugin_framework.sources.session import SourceConfig
-from plugin_framework.sources.snapshot import TableCopy, _copyrow, copy_chunks, published_tables
+from plugin_framework.sources.snapshots import catalog as snapshot
+from plugin_framework.sources.snapshots.catalog import TableCopy, published_tables
+from plugin_framework.sources.snapshots.copy import _copyrow, copy_chunks
 from plugin_framework.sources.walsender import WalsenderSource
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())

@@ -5,7 +5,7 @@ tests/test_snapshot.py::test_incremental_snapshot_keeps_the_toast_values_a_windo
 from __future__ import annotations
 
 from plugin_framework.protocol import TupleData, Update
-from plugin_framework.sources.toasted import Moves
+from plugin_framework.sources.snapshots.toasted import Moves
 
 REL = 16384
 

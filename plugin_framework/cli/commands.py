@@ -60,11 +60,6 @@ from plugin_framework.sources.errors import (
     explain,
     invalidated_advice,
 )
-from plugin_framework.sources.incremental import (
-    qualified_name,
-    request_snapshot,
-    snapshot_table,
-)
 from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.slots import (
     create_slot,
@@ -74,7 +69,12 @@ from plugin_framework.sources.slots import (
     sql_query,
     usable_slot,
 )
-from plugin_framework.sources.snapshot import published_tables
+from plugin_framework.sources.snapshots.catalog import (
+    published_tables,
+    qualified_name,
+    snapshot_table,
+)
+from plugin_framework.sources.snapshots.incremental import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
 
 

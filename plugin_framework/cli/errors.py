@@ -22,7 +22,7 @@ from plugin_framework.protocol import ProtocolError
 from plugin_framework.rowfilter import RowFilterError
 from plugin_framework.sources.capture import CaptureFormatError
 from plugin_framework.sources.errors import SlotUnusable, SourceError
-from plugin_framework.sources.initialcopy import SnapshotUnfinished
+from plugin_framework.sources.snapshots.initial import SnapshotUnfinished
 
 __all__ = ["UsageError", "exit_status", "is_user_facing", "report", "report_usage"]
 

@@ -19,7 +19,7 @@ from plugin_framework.sources.session import SourceConfig
 # The modules that load pgdecode's C modules (plugin_framework._native), imported by --version
 # so that it can say which are in use.
 NATIVE_USERS = ("plugin_framework.protocol.tuples", "plugin_framework.framework.context",
-                "plugin_framework.rowfilter.raw", "plugin_framework.sources.snapshot",
+                "plugin_framework.rowfilter.raw", "plugin_framework.sources.snapshots.copy",
                 "plugin_framework.spark.changerows", "emitters.json.fast", "emitters.text.fast",
                 "emitters.wal2json.fast")
 

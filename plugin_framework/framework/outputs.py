@@ -167,8 +167,8 @@ class FileOutput:
         self._open_streams: list[int] = []
         self._marked_streams: list[int] = []
         self.resume_open_streams: list[int] = []
-        # an incremental snapshot under way (sources/incremental.py): as noted, as of the last
-        # mark, and as of the durable point this file was resumed from
+        # an incremental snapshot under way (sources/snapshots/incremental.py): as noted, as of
+        # the last mark, and as of the durable point this file was resumed from
         self._incremental: dict[str, Any] | None = None
         self._marked_incremental: dict[str, Any] | None = None
         self.resume_incremental: dict[str, Any] | None = None

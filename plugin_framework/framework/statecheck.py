@@ -307,8 +307,9 @@ def ends_a_line(path: Path, size: int) -> bool:
         return f.read(1) == b"\n"
 
 
-# An incremental snapshot's record (sources/incremental.py ``progress``; an initial copy's,
-# snapshot.py ``CopyLedger.record``): in FILE.progress and the Spark checkpoint's offsets.
+# An incremental snapshot's record (sources/snapshots/incremental.py ``progress``; an initial
+# copy's, snapshots/ledger.py ``CopyLedger.record``): in FILE.progress and the Spark
+# checkpoint's offsets.
 
 _key = list_of(optional(is_text), wanted="a key (an array of texts)")
 _range = list_of(optional(_key), 2, "a range [after, upto]")

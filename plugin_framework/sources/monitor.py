@@ -8,7 +8,7 @@ connection, so that nothing here can hold up the stream. The metrics collector
 (metrics.py) reads the last row polled here.
 
 The heartbeat is a non-transactional logical message with the prefix ``pgdecode``, which
-the walsender source takes out of the stream (incremental.py), so plugins never see it. It
+the walsender source takes out of the stream (snapshots/incremental.py), so plugins never see it. It
 gives an idle database's slot WAL of its own to pass: the walsender decodes it, and the
 acknowledgement after it moves the slot's ``confirmed_flush_lsn`` and, with it, the
 ``restart_lsn`` that decides how much WAL the server keeps.
@@ -34,7 +34,8 @@ log = logging.getLogger("pgdecode.slot")
 # A slot is near max_slot_wal_keep_size when less than this fraction of it is left
 # (pg_replication_slots.safe_wal_size), or when its wal_status is "unreserved".
 NEAR_LIMIT = 0.2
-_HEARTBEAT_PREFIX = "pgdecode"  # the prefix the walsender source swallows (incremental.py)
+# the prefix the walsender source swallows (snapshots/incremental.py)
+_HEARTBEAT_PREFIX = "pgdecode"
 
 
 def near_limit(row: dict[str, Any], limit: int | None) -> str | None:

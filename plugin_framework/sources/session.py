@@ -93,7 +93,7 @@ class SourceConfig:
     temporary_slot: bool = False
     snapshot: str | None = None  # "initial" or "only": copy the tables with a new slot
     snapshot_workers: int = 2
-    # tables to copy into the stream as it runs (incremental.py), e.g. "public.t"
+    # tables to copy into the stream as it runs (snapshots/incremental.py), e.g. "public.t"
     snapshot_tables: Sequence[str] = ()
     # seconds between heartbeat messages written into the slot's database (monitor.py;
     # walsender source only; None: none)

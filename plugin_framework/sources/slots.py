@@ -136,7 +136,7 @@ def create_replication_slot_command(name: str, *, temporary: bool, two_phase: bo
                                     server_version: int, export: bool = False) -> str:
     """CREATE_REPLICATION_SLOT for a replication connection (needed for temporary slots,
     which live as long as the connection that created them). ``export``: export the slot's
-    snapshot (the initial copy reads with it; sources/snapshot.py)."""
+    snapshot (the initial copy reads with it; sources/snapshots/copy.py)."""
     temp = " TEMPORARY" if temporary else ""
     if server_version >= 150000:
         snapshot = "SNAPSHOT 'export'" if export else "SNAPSHOT 'nothing'"

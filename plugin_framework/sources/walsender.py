@@ -40,8 +40,6 @@ from plugin_framework.protocol.framing import (
 from plugin_framework.protocol.lsn import wire_lsn
 from plugin_framework.sources import slots
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
-from plugin_framework.sources.incremental import IncrementalSnapshot, qualified_name
-from plugin_framework.sources.initialcopy import InitialCopy, unfinished
 from plugin_framework.sources.monitor import SlotMonitor
 from plugin_framework.sources.replication import ReplicationError, ReplicationStream
 from plugin_framework.sources.session import (
@@ -57,15 +55,15 @@ from plugin_framework.sources.session import (
     start_pipeline,
     wal_level_error,
 )
-from plugin_framework.sources.snapshot import (
-    check_snapshot_outputs,
-    no_timeouts,
-    recorded_progress,
-)
+from plugin_framework.sources.snapshots.catalog import qualified_name
+from plugin_framework.sources.snapshots.copy import no_timeouts
+from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
+from plugin_framework.sources.snapshots.initial import InitialCopy, unfinished
+from plugin_framework.sources.snapshots.ledger import check_snapshot_outputs, recorded_progress
 
 log = logging.getLogger("pgdecode.source")
 
-_MESSAGE = ord("M")  # a logical message: maybe an incremental snapshot's (incremental.py)
+_MESSAGE = ord("M")  # a logical message: maybe an incremental snapshot's (snapshots/incremental.py)
 
 
 class WalsenderSource:

@@ -57,7 +57,7 @@ class BatchRange:
     rows: int = 0
     transactions: int = 0
     # how far the snapshot is whose rows the batches up to this one hold (the form of
-    # sources/incremental.py's record; None: no snapshot on record)
+    # sources/snapshots/incremental.py's record; None: no snapshot on record)
     snapshot_progress: dict[str, Any] | None = None
     # the rows are kept in data/N.arrow until fn has finished them (a snapshot's rows)
     stored: bool = False

@@ -57,13 +57,13 @@ from pyspark.sql.streaming.datasource import (
 
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.sources.errors import explain
-from plugin_framework.sources.incremental import IncrementalSnapshot
 from plugin_framework.sources.session import (
     SourceConfig,
     highest_proto_version,
     pgoutput_options,
 )
 from plugin_framework.sources.slots import create_slot, list_slots
+from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
 from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
 from plugin_framework.spark.source_metrics import SourceMetrics
 from plugin_framework.spark.source_options import SourceOptionError, SourceOptions

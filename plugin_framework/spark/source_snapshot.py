@@ -1,6 +1,6 @@
 """Snapshots for the ``pgoutput`` Structured Streaming source: ``.option("snapshot",
 "initial")`` copies the published tables into the stream, chunk by chunk, with the watermark
-method of sources/incremental.py (no exported snapshot: the source reads the slot through
+method of sources/snapshots/incremental.py (no exported snapshot: the source reads the slot through
 the SQL interface, and Spark may plan a batch in another driver than the one that read it).
 
 The state of the snapshot lives in the offsets. Each offset carries, under ``"snapshot"``,
@@ -37,14 +37,15 @@ import psycopg
 
 from plugin_framework import LSN, Pipeline
 from plugin_framework.sources.errors import SourceError
-from plugin_framework.sources.incremental import (
-    MAX_RETRIES,
-    IncrementalSnapshot,
-    Window,
+from plugin_framework.sources.session import highest_proto_version
+from plugin_framework.sources.snapshots.catalog import (
+    NO_KEY,
+    Key,
+    key_text,
+    published_tables,
     qualified_name,
 )
-from plugin_framework.sources.session import highest_proto_version
-from plugin_framework.sources.snapshot import NO_KEY, Key, key_text, published_tables
+from plugin_framework.sources.snapshots.incremental import MAX_RETRIES, IncrementalSnapshot, Window
 from plugin_framework.spark.source_options import SourceOptions
 
 log = logging.getLogger("pgdecode.spark.source")
@@ -81,7 +82,7 @@ def start_tables(conn: psycopg.Connection[Any], opts: SourceOptions, pipeline: P
     the same batch planned again): a snapshot transaction with no rows and
     ``snapshot_starts`` (a TRUNCATE row), so that a mirror holds exactly the copy and the
     stream from there, an empty table too. Not at a chunk's low watermark, as the stream
-    source does it (incremental.py): that can be in an earlier batch than the chunk."""
+    source does it (snapshots/incremental.py): that can be in an earlier batch than the chunk."""
     if not names:
         return
     tables = {t.qualified: t for t in published_tables(conn, opts.publications)}

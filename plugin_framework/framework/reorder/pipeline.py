@@ -426,7 +426,7 @@ class Pipeline(Streams, TwoPhase):
     def snapshot_rows(self, relation: RelationMessage, types: Iterable[Type],
                       inserts: Iterable[bytes], lsn: LSN, read_time: datetime,
                       *, mark: bool = False, first: bool = False) -> None:
-        """Rows of a table's initial copy (sources/snapshot.py), as one read-only transaction
+        """Rows of a table's initial copy (sources/snapshots/copy.py), as one read-only transaction
         (``txn.is_snapshot``, xid 0, at the slot's consistent point ``lsn``): the table's
         description, then ``inserts``, raw pgoutput Insert messages, which take the path of
         any transaction's inserts (the change filter, the fast path). Nothing is marked
@@ -470,7 +470,8 @@ class Pipeline(Streams, TwoPhase):
 
     def note_snapshot_progress(self, state: dict[str, Any] | None) -> None:
         """How far the snapshots will be once the next snapshot rows are delivered (the form
-        of an incremental snapshot's record: sources/incremental.py; None: none under way).
+        of an incremental snapshot's record: sources/snapshots/incremental.py; None: none under
+        way).
         Said before those rows, so that an output that delivers them at once (Spark's
         batches) records the state that goes with them; outputs that record it (FILE.progress)
         do so with their next mark or ``snapshot_checkpoint``."""

@@ -19,9 +19,11 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from plugin_framework.protocol import Decoder, Insert, TupleData, Update, encode
-from plugin_framework.sources.snapshot import Key
+from plugin_framework.sources.snapshots.catalog import Key
 
 UNCHANGED = ord("u")  # a TupleData column kind: an unchanged TOAST value, not sent
+
+
 # a change of the table in a window: (old key, new key, new row); an insert has no old key,
 # a delete no new key or row
 Move = tuple[Key | None, Key | None, TupleData | None]

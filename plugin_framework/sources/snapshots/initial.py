@@ -1,6 +1,6 @@
 """The initial snapshot of a run with ``--snapshot``, as the walsender source drives it: taken
 once with a new slot (``take``), gone on with after an interruption (``on_existing_slot``),
-and said unfinished when a run stops before it is complete (``left``).
+and said unfinished when a run stops before it is complete (``SnapshotUnfinished``).
 
 The outputs record where the copy stands (``snapshot_state``, docs/snapshot.md):
 "copying" while the copy of the slot's own snapshot is under way; "incremental" once a run
@@ -21,15 +21,12 @@ from plugin_framework.framework import Pipeline
 from plugin_framework.protocol import LSN, Decoder
 from plugin_framework.sources.errors import SourceError, explain
 from plugin_framework.sources.session import PROGRESS_INTERVAL, Progress, SnapshotProgress
-from plugin_framework.sources.snapshot import (
-    NO_KEY,
-    CopyLedger,
-    SnapshotCopy,
-    any_output_in,
-    recorded_progress,
-)
+from plugin_framework.sources.snapshots.catalog import NO_KEY
+from plugin_framework.sources.snapshots.copy import SnapshotCopy
+from plugin_framework.sources.snapshots.ledger import CopyLedger, any_output_in, recorded_progress
 
 log = logging.getLogger("pgdecode.source")
+
 
 # The initial copy is made durable (and resumable from there) every second, or every so many
 # chunks (50,000 rows) where a second copies more: a fast copy must not end unrecorded.

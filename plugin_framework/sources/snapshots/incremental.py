@@ -47,31 +47,37 @@ from plugin_framework.protocol import (
 )
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.session import PROGRESS_INTERVAL, SnapshotProgress
-from plugin_framework.sources.snapshot import (
-    NO_KEY,
+from plugin_framework.sources.snapshots.catalog import (
     Key,
     Range,
     TableCopy,
-    copy_chunks,
     copy_statement,
     key_text,
-    published_tables,
+    qualified_name,
     ranges_text,
     row_key,
+    snapshot_table,
 )
-from plugin_framework.sources.toasted import Move, Moves, made_whole
+from plugin_framework.sources.snapshots.copy import copy_chunks
+from plugin_framework.sources.snapshots.toasted import Move, Moves, made_whole
 
 log = logging.getLogger("pgdecode.snapshot")
 
+
 PREFIX = "pgdecode"  # of the watermark and request messages
+
+
 CHUNK_ROWS = 5000
+
+
 MAX_RETRIES = 20  # reads of one chunk whose window streamed or prepared transactions crossed
 
-_M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
+
 # Streamed and prepared transactions are not in commit order (see the module's text)
 _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
-_ENDS = frozenset(ord(c) for c in "CPKc")  # a transaction's end: an output may mark there
 
+
+_ENDS = frozenset(ord(c) for c in "CPKc")  # a transaction's end: an output may mark there
 
 
 def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str) -> LSN:
@@ -543,31 +549,6 @@ class IncrementalSnapshot:
         return LSN(row[0])
 
 
-def snapshot_table(conn: psycopg.Connection[Any], name: str,
-                   publications: Sequence[str]) -> TableCopy:
-    """The table as an incremental snapshot reads it, from the publications (their row
-    filters and column lists); SourceError saying why it cannot be taken."""
-    qualified = qualified_name(name)
-    schema, _, rel = qualified.rpartition(".")
-    found = published_tables(conn, publications, only=(schema, rel))
-    copy = found[0] if found else None
-    if copy is None:
-        raise SourceError(
-            f"incremental snapshot of {qualified}: the table is not in the publications "
-            f"{', '.join(publications)}: add it (ALTER PUBLICATION ... ADD TABLE) first, so "
-            "that the stream carries its changes")
-    if not copy.key:  # (snapshot.describe: NOT NULL key columns only)
-        raise SourceError(
-            f"incremental snapshot of {qualified}: the table has {NO_KEY}, so it cannot be "
-            "read in key order: add a primary key")
-    missing = [k for k in copy.key if k not in copy.columns]
-    if missing:
-        raise SourceError(
-            f"incremental snapshot of {qualified}: the publication's column list leaves out "
-            f"key column {missing[0]}")
-    return copy
-
-
 def _key(values: Sequence[Any]) -> Key:
     """A key as the progress record has it (key_text) in the form the stream sends it."""
     return tuple(None if v is None else str(v).encode() for v in values)
@@ -577,11 +558,8 @@ def _bound(values: Sequence[Any] | None) -> Key | None:
     return None if values is None else _key(values)
 
 
-def qualified_name(name: str) -> str:
-    """schema.table, "public." when the schema is left out."""
-    schema, _, rel = name.rpartition(".")
-    return f"{schema or 'public'}.{rel}"
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+_M, _I, _U, _D = ord("M"), ord("I"), ord("U"), ord("D")
