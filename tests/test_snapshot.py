@@ -52,6 +52,7 @@ from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.snapshots import catalog as snapshot
 from plugin_framework.sources.snapshots.catalog import TableCopy, published_tables
 from plugin_framework.sources.snapshots.copy import _copyrow, copy_chunks
+from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
@@ -1389,3 +1390,46 @@ def test_incremental_snapshot_goes_on_after_lost_connections(db: Any, env: dict[
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("taken already into this output") == 2, again.stderr
     check_upserted(db, read_lines(out))
+
+
+class AsksAgain(JsonEmitter):
+    """The json emitter, asking its source for two rows (and one that is not there) again
+    once, after the first transaction of the stream."""
+
+    asked = False
+
+    def commit(self, ctx: Any, txn: Any, commit_lsn: LSN) -> None:
+        super().commit(ctx, txn, commit_lsn)
+        if not txn.is_snapshot and not self.asked:
+            self.asked = True
+            assert ctx.request_snapshot is not None
+            ctx.request_snapshot("public.t", [["5"], ["7"], ["1000"]])
+
+
+def test_requests_for_rows_read_them_again_and_endpos_waits_for_them(
+        db: Any, tmp_path: Path) -> None:
+    """A request message naming keys (as a mirror makes for rows it lacks values of), and a
+    plugin's own request (``ctx.request_snapshot``): only the rows under those keys are read
+    again, as snapshot rows, one under a key with no row is dropped, and -E, reached before
+    the reads, waits for them."""
+    query(db.conninfo, """
+        CREATE TABLE t (id int PRIMARY KEY, v text);
+        INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) g;
+        CREATE PUBLICATION p FOR TABLE t;""")
+    query(db.conninfo, "SELECT pg_create_logical_replication_slot('asks', 'pgoutput')")
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        request_snapshot(conn, "asks", "public.t", [["9"]])
+        conn.execute("UPDATE t SET v = 'changed' WHERE id = 7")
+    endpos = current_lsn(db.conninfo)
+    pipeline = Pipeline()
+    pipeline.add(AsksAgain(), output=FileOutput(tmp_path / "out"))
+    config = SourceConfig(conninfo=db.conninfo, slot="asks", publications=["p"],
+                          endpos=endpos, reconnect=False)
+    WalsenderSource(config, pipeline).run()
+    pipeline.shutdown()
+    lines = read_lines(tmp_path / "out")
+    again = sorted(int(ln["new"]["id"]) for ln in lines if ln["op"] == "snapshot")
+    assert again == [5, 7, 9]
+    assert [ln["new"]["v"] for ln in lines if ln["op"] == "snapshot"
+            and ln["new"]["id"] == 7] == ["changed"]
+    assert [ln["op"] for ln in lines if ln["op"] != "snapshot"] == ["update"]

@@ -74,7 +74,7 @@ from plugin_framework.sources.snapshots.catalog import (
     qualified_name,
     snapshot_table,
 )
-from plugin_framework.sources.snapshots.incremental import request_snapshot
+from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
 
 

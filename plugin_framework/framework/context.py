@@ -8,6 +8,7 @@ Mirrors LogicalDecodingContext: ``output_plugin_options`` (the ``-o name=value``
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -80,6 +81,14 @@ class LogicalDecodingContext:
     # 'none'), which also leaves out non-transactional messages from an origin: pgoutput
     # does not say a non-transactional message's origin, so nothing else can.
     filter_all_origins: bool = False
+    # Set by a source that takes incremental snapshots (the walsender source), else None:
+    # ``request_snapshot(table, keys=None)`` has the rows of ``table`` ("schema.table") read
+    # again into the stream as snapshot rows, every row or those under ``keys`` (each a
+    # list of the key columns' values as the stream's text has them, in the key's order).
+    # The request is durable (a message in the WAL the slot reads) and taken at once: a
+    # consumer that holds a table's state asks so for what the stream cannot give it (a
+    # mirror after ALTER TABLE, or rows whose unchanged TOAST values it lacks).
+    request_snapshot: Callable[[str, Sequence[Sequence[str | None]] | None], None] | None = None
     _prepared: bool = False
 
     def prepare_write(self, last_write: bool = True) -> None:

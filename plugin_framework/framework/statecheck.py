@@ -328,6 +328,7 @@ def check_incremental(value: Any, name: str = "incremental") -> dict[str, Any]:
     f.get("starts", _names, list[str]())
     f.get("moved", map_of(list_of(_key)), dict[str, Any]())
     f.get("initial", one_of(True), None)
+    f.get("keys_only", _names, list[str]())
     f.close()
     under_way = ([table] if table is not None else []) + queue
     if len(set(under_way)) != len(under_way):

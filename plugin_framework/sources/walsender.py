@@ -20,7 +20,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psycopg
 
@@ -60,6 +60,7 @@ from plugin_framework.sources.snapshots.copy import no_timeouts
 from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
 from plugin_framework.sources.snapshots.initial import InitialCopy, unfinished
 from plugin_framework.sources.snapshots.ledger import check_snapshot_outputs, recorded_progress
+from plugin_framework.sources.snapshots.requests import request_snapshot
 
 log = logging.getLogger("pgdecode.source")
 
@@ -96,6 +97,7 @@ class WalsenderSource:
         self._incremental: IncrementalSnapshot | None = None
         self._told_copy_goes_on = False  # that -E waits for a snapshot under way
         self.monitor = SlotMonitor(config.conninfo, config.slot, heartbeat=config.heartbeat)
+        pipeline.take_snapshot_requests(self._request_snapshot)
 
     @property
     def incremental_progress(self) -> SnapshotProgress | None:
@@ -416,17 +418,37 @@ class WalsenderSource:
     def _complete_at(self, lsn: LSN) -> bool:
         """Whether the stream may end here, past --endpos (``lsn``): between transactions,
         and with no snapshot under way: -E finishes the copy first (its chunks' watermarks
-        come after endpos), rather than end with tables not copied."""
+        come after endpos), rather than end with tables not copied. What the outputs hold
+        is delivered first: a mirror may ask for rows again as it takes them."""
         if not self.pipeline.at_boundary:
             return False
-        incremental = self._incremental
-        if incremental is not None and incremental.busy:
+        if not self._snapshot_busy():
+            self.pipeline.drain()
+        if self._snapshot_busy():
             if not self._told_copy_goes_on:
                 self._told_copy_goes_on = True
                 log.info("reached --endpos %s with a snapshot under way (%s): going on until "
                          "it is complete", lsn, ", ".join(self.copy_left()))
             return False
         return True
+
+    def _snapshot_busy(self) -> bool:
+        incremental = self._incremental
+        return incremental is not None and incremental.busy
+
+    def _request_snapshot(self, table: str, keys: Sequence[Sequence[str | None]] | None
+                          ) -> None:
+        """A plugin's request (``ctx.request_snapshot``): taken by the incremental snapshot
+        of this stream, or, before it streams, left in the WAL for the stream to read."""
+        incremental = self._incremental
+        if incremental is not None:
+            incremental.ask(table, keys)
+            return
+        try:
+            with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
+                request_snapshot(conn, self.config.slot, table, keys)
+        except psycopg.Error as exc:
+            raise explain(exc, self.config.conninfo, self.config.slot) from None
 
     def _keepalive_during_replay(self) -> None:
         """The pipeline's keepalive hook, called between the changes of a transaction it

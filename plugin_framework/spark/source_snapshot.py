@@ -45,7 +45,8 @@ from plugin_framework.sources.snapshots.catalog import (
     published_tables,
     qualified_name,
 )
-from plugin_framework.sources.snapshots.incremental import MAX_RETRIES, IncrementalSnapshot, Window
+from plugin_framework.sources.snapshots.incremental import MAX_RETRIES, IncrementalSnapshot
+from plugin_framework.sources.snapshots.window import Window
 from plugin_framework.spark.source_options import SourceOptions
 
 log = logging.getLogger("pgdecode.spark.source")

@@ -489,6 +489,13 @@ class Pipeline(Streams, TwoPhase):
             if checkpoint is not None:
                 checkpoint()
 
+    def take_snapshot_requests(
+            self, request: Callable[[str, Sequence[Sequence[str | None]] | None], None]) -> None:
+        """The source takes incremental snapshot requests: every plugin may make them
+        (``ctx.request_snapshot``)."""
+        for m in self.members:
+            m.ctx.request_snapshot = request
+
     def continue_snapshot(self) -> None:
         """An initial copy cut short goes on as an incremental snapshot inside the stream:
         outputs that record the copy's state record that (until ``end_snapshot``), so that

@@ -292,3 +292,9 @@ def qualified_name(name: str) -> str:
     """schema.table, "public." when the schema is left out."""
     schema, _, rel = name.rpartition(".")
     return f"{schema or 'public'}.{rel}"
+
+
+def key_from_text(values: Sequence[Any]) -> Key:
+    """A key as a record or a request has it (key_text) in the form the stream sends it."""
+    return tuple(None if v is None else str(v).encode() for v in values)
+

@@ -30,7 +30,6 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +51,7 @@ from plugin_framework.sources.snapshots.catalog import (
     Range,
     TableCopy,
     copy_statement,
+    key_from_text,
     key_text,
     qualified_name,
     ranges_text,
@@ -59,12 +59,18 @@ from plugin_framework.sources.snapshots.catalog import (
     snapshot_table,
 )
 from plugin_framework.sources.snapshots.copy import copy_chunks
-from plugin_framework.sources.snapshots.toasted import Move, Moves, made_whole
+from plugin_framework.sources.snapshots.requests import (
+    PREFIX,
+    KeyText,
+    read_request,
+    request_snapshot,
+)
+from plugin_framework.sources.snapshots.toasted import Moves, made_whole
+from plugin_framework.sources.snapshots.window import TableRead, Window
 
 log = logging.getLogger("pgdecode.snapshot")
 
 
-PREFIX = "pgdecode"  # of the watermark and request messages
 
 
 CHUNK_ROWS = 5000
@@ -78,57 +84,6 @@ _OUT_OF_ORDER = frozenset(ord(c) for c in "bPKrcAp")
 
 
 _ENDS = frozenset(ord(c) for c in "CPKc")  # a transaction's end: an output may mark there
-
-
-def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str) -> LSN:
-    """Ask the stream reading ``slot`` for an incremental snapshot of ``table`` (a message in
-    the WAL it reads). Returns the message's LSN."""
-    row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
-                       (PREFIX, json.dumps({"request": "snapshot", "slot": slot,
-                                            "table": table}))).fetchone()
-    assert row is not None
-    return LSN(row[0])
-
-
-@dataclass
-class Window:
-    """One chunk between its watermarks."""
-
-    chunk_id: str
-    table: str  # schema.table
-    after: Key | None  # the chunk is the rows after this key (None: the table's first)
-    inserts: list[bytes]
-    keys: list[Key]
-    open: bool = False  # the low watermark has come by in the stream
-    changed: set[Key] = field(default_factory=set)
-    # the table's changes in the window, in order
-    moves: list[Move] = field(default_factory=list)
-    dirty: bool = False  # a streamed or prepared transaction crossed it
-    # read again for a batch planned again (Spark's source): every row, at the high watermark
-    replay: bool = False
-    low: LSN | None = None  # the watermarks' places in the WAL (None: not known)
-    high: LSN | None = None
-    moved: list[Key] | None = None  # the keys of moved rows read again (toasted.Moves)
-    noted: int = 0  # how many moves were noted before its low watermark (toasted.Moves)
-
-    def rewind(self) -> None:
-        """The stream is read again from before the low watermark (a peek at a slot)."""
-        self.open = self.replay
-        self.changed = set()
-        self.moves = []
-        self.dirty = False
-
-
-@dataclass
-class _Table:
-    copy: TableCopy  # read in the order of copy.key
-    after: Key | None = None  # the last key delivered
-    upto: Key | None = None  # the end of the range being read (None: the table's last key)
-    # the ranges to read after that one (an initial copy's ranges: snapshot.CopyLedger)
-    ranges: list[Range] = field(default_factory=list)
-    rows: int = 0
-    retries: int = 0
-    moves: Moves = field(default_factory=Moves)  # rows to read again once its chunks are
 
 
 class IncrementalSnapshot:
@@ -154,7 +109,7 @@ class IncrementalSnapshot:
         self.binary = binary
         self.decoder = Decoder(proto_version)
         self.queue: list[str] = []
-        self.current: _Table | None = None
+        self.current: TableRead | None = None
         self.window: Window | None = None
         self.done: list[str] = []
         # where to go on with a queued table an earlier run had begun (``resume``): after a
@@ -166,6 +121,8 @@ class IncrementalSnapshot:
         # one's copy begins at its first chunk's low watermark (``_begin_copy``)
         self.starts: list[str] = []
         self.asked: set[str] = set()  # tables a request message asked for
+        self.keys_only: set[str] = set()  # queued tables to read only the keys of (moved)
+        self.handled: set[str] = set()  # this run's requests (``ask``), taken already
         self._conn: psycopg.Connection[Any] | None = None
         # how far the table under way is (the last one's, once done), for the status line and
         # the logs; and the tables done since this object was made
@@ -176,14 +133,42 @@ class IncrementalSnapshot:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def request(self, table: str) -> None:
+    def request(self, table: str, keys: Sequence[Key] | None = None) -> None:
+        """Read ``table`` into the stream: every row, or the rows under ``keys`` (read
+        again once the table's chunks under way are read, if it is under way)."""
         table = qualified_name(table)
-        if table not in self.queue and (self.current is None
-                                        or self.current.copy.qualified != table):
-            self.queue.append(table)
-            if self.figures is not None and not self.figures.done:
-                self.figures.tables += 1
+        current = self.current
+        under_way = current is not None and current.copy.qualified == table
+        if keys is not None:
+            if current is not None and under_way:
+                current.moves.add(keys)
+            else:
+                self.resume_moved.setdefault(table, []).extend(keys)
+                if table not in self.queue:
+                    self.keys_only.add(table)
+                    self._queue(table)
             self._note_progress()
+            return
+        self.keys_only.discard(table)  # every row: the keys asked for among them
+        if table not in self.queue and (current is None or not under_way
+                                        or current.keys_only):
+            self._queue(table)
+            self._note_progress()
+
+    def ask(self, table: str, keys: Sequence[KeyText] | None = None) -> None:
+        """A request of this run's own (a mirror's): taken at once, and made durable as a
+        request message, which a restart before it is done reads again."""
+        request_id = uuid.uuid4().hex
+        self.handled.add(request_id)
+        request_snapshot(self._connection(), self.slot, table, keys, request_id)
+        log.info("incremental snapshot of %s%s asked for", qualified_name(table),
+                 "" if keys is None else f" ({len(keys)} rows)")
+        self.request(table, None if keys is None else [key_from_text(k) for k in keys])
+
+    def _queue(self, table: str) -> None:
+        self.queue.append(table)
+        if self.figures is not None and not self.figures.done:
+            self.figures.tables += 1
 
     @property
     def busy(self) -> bool:
@@ -276,12 +261,13 @@ class IncrementalSnapshot:
             return
         if not isinstance(body, dict):
             return
-        if body.get("request") == "snapshot" and body.get("slot") == self.slot \
-                and self.requests:
-            table = qualified_name(str(body.get("table")))
-            log.info("incremental snapshot of %s requested", table)
-            self.asked.add(table)
-            self.request(table)
+        asked = read_request(body, self.slot)
+        if asked is not None:
+            if self.requests and asked.id not in self.handled:
+                log.info("incremental snapshot of %s requested%s", asked.table,
+                         "" if asked.keys is None else f" ({len(asked.keys)} rows)")
+                self.asked.add(asked.table)
+                self.request(asked.table, asked.keys)
             return
         window = self.window
         if window is None or body.get("chunk") != window.chunk_id:
@@ -339,7 +325,8 @@ class IncrementalSnapshot:
         finished = table.moves.read_all and not table.moves
         if finished:
             self.current = None
-            self.done.append(table.copy.qualified)
+            if table.copy.qualified not in self.done:
+                self.done.append(table.copy.qualified)
             self._finished += 1
         self._note_progress()  # recorded with the chunk's mark, below
         self.pipeline.snapshot_rows(table.copy.relation, table.copy.types, keep, lsn,
@@ -401,6 +388,10 @@ class IncrementalSnapshot:
             moved[table.copy.qualified] = [key_text(k) for k in table.moves.keys]
         if moved:
             state["moved"] = moved
+        keys_only = sorted(self.keys_only | ({table.copy.qualified}
+                                             if table is not None and table.keys_only else set()))
+        if keys_only:
+            state["keys_only"] = keys_only
         return state
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -411,11 +402,11 @@ class IncrementalSnapshot:
         if state.get("slot") != self.slot:
             return
         self.done = [str(name) for name in state.get("done", [])]
-        self.resume_after = {str(name): _key(key)
+        self.resume_after = {str(name): key_from_text(key)
                              for name, key in (state.get("after") or {}).items()}
         self.resume_ranges = {str(name): [(_bound(after), _bound(upto)) for after, upto in left]
                               for name, left in (state.get("ranges") or {}).items()}
-        self.resume_moved = {str(name): [_key(key) for key in keys]
+        self.resume_moved = {str(name): [key_from_text(key) for key in keys]
                              for name, keys in (state.get("moved") or {}).items()}
         table = state.get("table")
         names = ([table] if table is not None else []) + list(state.get("queue", []))
@@ -424,8 +415,9 @@ class IncrementalSnapshot:
                            if n not in self.resume_after and n not in self.resume_ranges]
         else:
             self.starts = [str(n) for n in state.get("starts", [])]
+        self.keys_only = {str(name) for name in state.get("keys_only", [])}
         for name in names:
-            self.request(str(name))
+            self._queue(str(name))
             log.info("incremental snapshot of %s: resumed after key %s", name,
                      (state.get("ranges") or {}).get(name) or state.get("after", {}).get(name))
 
@@ -459,6 +451,9 @@ class IncrementalSnapshot:
             rows_estimate=self.current.copy.rows_estimate, table=self.current.copy.qualified)
         self.current.after = self.resume_after.pop(name, None)
         self.current.moves = Moves(self.resume_moved.pop(name, []))
+        if name in self.keys_only:  # only the rows under the keys asked for: no chunks
+            self.keys_only.discard(name)
+            self.current.keys_only = self.current.moves.read_all = True
         ranges = self.resume_ranges.pop(name, None)
         if ranges:
             (self.current.after, self.current.upto), *self.current.ranges = ranges
@@ -488,11 +483,11 @@ class IncrementalSnapshot:
             statement = copy_statement(copy, after=after, upto=last)
             inserts = [i for chunk in copy_chunks(self._connection(), copy, CHUNK_ROWS,
                                                   statement=statement) for i in chunk.inserts]
-        self.current = _Table(copy, after)
+        self.current = TableRead(copy, after)
         self.window = Window(chunk_id, copy.qualified, after, inserts,
                               self._keys(copy, inserts), open=True, replay=True)
 
-    def _table(self, name: str) -> _Table:
+    def _table(self, name: str) -> TableRead:
         if self.binary:
             raise SourceError(
                 f"incremental snapshot of {name}: this stream's values are in binary format "
@@ -500,9 +495,9 @@ class IncrementalSnapshot:
                 "take it from a stream without --binary")
         copy = snapshot_table(self._connection(), name, self.publications)
         log.info("incremental snapshot of %s: by %s", copy.qualified, ", ".join(copy.key))
-        return _Table(copy)
+        return TableRead(copy)
 
-    def _read_chunk(self, table: _Table) -> Window:
+    def _read_chunk(self, table: TableRead) -> Window:
         """The next chunk between its watermarks: the rows after the last key delivered, or,
         once those are all read, rows moved since that are to be read again."""
         conn = self._connection()
@@ -549,13 +544,8 @@ class IncrementalSnapshot:
         return LSN(row[0])
 
 
-def _key(values: Sequence[Any]) -> Key:
-    """A key as the progress record has it (key_text) in the form the stream sends it."""
-    return tuple(None if v is None else str(v).encode() for v in values)
-
-
 def _bound(values: Sequence[Any] | None) -> Key | None:
-    return None if values is None else _key(values)
+    return None if values is None else key_from_text(values)
 
 
 def _now() -> datetime:

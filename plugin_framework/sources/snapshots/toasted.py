@@ -87,6 +87,11 @@ class Moves:
     def __bool__(self) -> bool:
         return bool(self.keys)
 
+    def add(self, keys: Iterable[Key]) -> None:
+        """Keys to read again whatever the stream says of them (asked for: a request's)."""
+        for key in keys:
+            self._add(key)
+
     def _add(self, key: Key) -> None:
         self.noted += 1
         self.keys[key] = self.noted
