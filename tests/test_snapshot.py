@@ -49,9 +49,15 @@ from plugin_framework.protocol import Decoder
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.sources.libpq import copy_reader_bound
 from plugin_framework.sources.session import SourceConfig
-from plugin_framework.sources.snapshots import catalog as snapshot
-from plugin_framework.sources.snapshots.catalog import TableCopy, published_tables
+from plugin_framework.sources.snapshots import copy as snapshot
+from plugin_framework.sources.snapshots.catalog import (
+    TableCopy,
+    published_tables,
+    ranges_text,
+    row_key,
+)
 from plugin_framework.sources.snapshots.copy import _copyrow, copy_chunks
+from plugin_framework.sources.snapshots.ledger import CopyLedger
 from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
 
@@ -787,10 +793,10 @@ def test_a_large_table_is_copied_in_key_ranges_that_hold_each_row_once(
         assert all(ranges), (name, [len(r) for r in ranges])
         assert [i for r in ranges for i in r] == whole[name], name
         assert sum(c.last for c in chunks if c.table.qualified == name) == 3
-    ledger = snapshot.CopyLedger("s", parts, Decoder(1))
+    ledger = CopyLedger("s", parts, Decoder(1))
     first = [ledger.delivered(c)[0] for c in chunks]
     assert sum(first) == 3 and ledger.done and not ledger.record()["queue"]
-    ledger = snapshot.CopyLedger("s", parts, Decoder(1))
+    ledger = CopyLedger("s", parts, Decoder(1))
     big = [c for c in chunks if c.table.qualified == "public.big"]
     for c in big[:3]:
         ledger.delivered(c)
@@ -798,8 +804,8 @@ def test_a_large_table_is_copied_in_key_ranges_that_hold_each_row_once(
     bounds = [(p.after, p.upto) for p in parts if p.table.qualified == "public.big"]
     for n, (after, upto) in enumerate(bounds):
         got = [c for c in big[:3] if c.part == n and not c.last]
-        last = snapshot.row_key(Decoder(1), got[-1].table, got[-1].inserts[-1]) if got else after
-        assert recorded[n] == snapshot.ranges_text([(last, upto)])[0]
+        last = row_key(Decoder(1), got[-1].table, got[-1].inserts[-1]) if got else after
+        assert recorded[n] == ranges_text([(last, upto)])[0]
 
 
 def test_an_output_that_cannot_record_the_copy_is_refused_before_the_slot(db: Any) -> None:
