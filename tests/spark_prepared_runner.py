@@ -46,7 +46,7 @@ def main() -> None:
 
     from plugin_framework.spark import ForeachBatchStream
     from plugin_framework.spark.batcher import ForeachBatchPlugin
-    from plugin_framework.spark.changes import local_rows
+    from plugin_framework.spark.changes.rows import local_rows
 
     work = Path(args.work)
     (work / "out").mkdir(exist_ok=True)

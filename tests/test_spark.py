@@ -663,7 +663,7 @@ def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
     from pyspark.sql import DataFrame
 
     from plugin_framework.spark import ForeachBatchPlugin
-    from plugin_framework.spark.changes import local_rows
+    from plugin_framework.spark.changes.rows import local_rows
 
     kept: list[Any] = []
     made_by_sinks: list[bool] = []

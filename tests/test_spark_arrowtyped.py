@@ -255,9 +255,10 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
     key changes, deletes), in the walsender's time zone Europe/Amsterdam: each batch's net
     changes, and its history versions and ends, typed both ways are equal."""
     from plugin_framework.spark import ForeachBatchStream, HistoryWriter
+    from plugin_framework.spark.changes.rows import batch_rows
     from plugin_framework.spark.history import ends_arrow, history_changes, versions_arrow
     from plugin_framework.spark.netchange import net_changes
-    from plugin_framework.spark.sinks import batch_rows, key_names
+    from plugin_framework.spark.sinks import key_names
     from plugin_framework.spark.tables import rows_info
 
     db.execute(f"ALTER DATABASE {db.dbname} SET timezone = 'Europe/Amsterdam'")

@@ -271,7 +271,7 @@ def change(table: str, op: str, spec: list[tuple[str, str, bool]], *,
 def batch(spark: Any, rows: list[dict[str, Any]]) -> Any:
     import pyarrow as pa
 
-    from plugin_framework.spark.changes import arrow_schema, change_schema
+    from plugin_framework.spark.changes.schema import arrow_schema, change_schema
 
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=arrow_schema()),
                                  change_schema())

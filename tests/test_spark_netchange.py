@@ -129,8 +129,8 @@ def table_rows(rows: list[dict[str, Any]]) -> Any:
     """Change rows as batch_rows gives them to the sinks: an Arrow table and its dicts."""
     import pyarrow as pa
 
-    from plugin_framework.spark.changes import arrow_schema
-    from plugin_framework.spark.netchange import NET_COLUMNS, TableRows
+    from plugin_framework.spark.changes.rows import NET_COLUMNS, TableRows
+    from plugin_framework.spark.changes.schema import arrow_schema
 
     full = arrow_schema()
     schema = pa.schema([full.field(n) for n in NET_COLUMNS])

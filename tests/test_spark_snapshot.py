@@ -366,7 +366,7 @@ def test_stored_rows_of_a_batch_come_back_exactly(tmp_path: Path) -> None:
     import pyarrow as pa
 
     from plugin_framework import LSN
-    from plugin_framework.spark.changes import arrow_schema
+    from plugin_framework.spark.changes.schema import arrow_schema
     from plugin_framework.spark.checkpoint import BatchRange
 
     schema = arrow_schema()

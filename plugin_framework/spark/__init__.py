@@ -29,7 +29,12 @@ from plugin_framework.spark.batcher import (
 )
 from plugin_framework.spark.changefeed import change_feed
 from plugin_framework.spark.changelog import ChangeLogWriter, OtherQueryError
-from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
+from plugin_framework.spark.changes.schema import (
+    CHANGE_COLUMNS,
+    arrow_schema,
+    change_schema,
+    lsn_text,
+)
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter

@@ -30,7 +30,10 @@ from typing import Any, Final
 
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.framework import OutputError, OutputRecord
-from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema, remember_rows
+from plugin_framework.spark.changes.builder import ChangeBuilder
+from plugin_framework.spark.changes.plans import PlanCache
+from plugin_framework.spark.changes.rows import remember_rows
+from plugin_framework.spark.changes.schema import change_schema
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint
 
 log = logging.getLogger("pgdecode.spark")

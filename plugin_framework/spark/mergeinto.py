@@ -396,7 +396,7 @@ def _static_overwrite(spark: Any, statement: str) -> None:
 def _fingerprint(rows: Sequence[dict[str, Any]], query: str | None) -> dict[str, Any]:
     """What tells a table's rows of one batch from another's: their number and LSN range
     (a batch delivered again has the same transactions), and the query."""
-    from plugin_framework.spark.netchange import TableRows
+    from plugin_framework.spark.changes.rows import TableRows
 
     if isinstance(rows, TableRows):
         import pyarrow.compute as pc

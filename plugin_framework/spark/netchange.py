@@ -36,21 +36,18 @@ equal on random batches.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from plugin_framework.spark.changes.rows import TableRows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["NET_COLUMNS", "Counts", "NetChanges", "TableRows", "counted_net", "net_changes",
-           "simple_net"]
-
-# What net_changes needs of a batch's change rows
-NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "commit_time", "seq", "key",
-               "before", "after", "before_json", "after_json", "unchanged_toast", "columns")
+__all__ = ["Counts", "NetChanges", "counted_net", "net_changes", "simple_net"]
 
 Key = tuple[str | None, ...]
 
@@ -121,46 +118,6 @@ def fill_columns(entries: Sequence[Put | Gone]) -> list[str]:
 
 def _map(value: Any) -> dict[str, str | None] | None:
     return None if value is None else dict(value)
-
-
-class TableRows(Sequence[dict[str, Any]]):
-    """One table's change rows of a batch, in ``(commit_lsn, seq)`` order: an Arrow table of
-    NET_COLUMNS (``arrow``), and its rows as dicts when they are read (then ``pristine`` is
-    false: a reader may have changed them, schemas.describe_rows renames columns)."""
-
-    def __init__(self, arrow: pa.Table, columns: list[Any]) -> None:
-        """``columns``: each row's ``columns``, converted (the batch repeats them)."""
-        self.arrow = arrow
-        self.columns = columns
-        self._rows: list[dict[str, Any]] | None = None
-
-    @property
-    def pristine(self) -> bool:
-        return self._rows is None
-
-    def _dicts(self) -> list[dict[str, Any]]:
-        if self._rows is None:
-            names = [n for n in NET_COLUMNS if n != "columns"]
-            values = [self.arrow.column(n).to_pylist() for n in names]
-            keys = [*names, "columns"]
-            self._rows = [dict(zip(keys, row, strict=True))
-                          for row in zip(*values, self.columns, strict=True)]
-        return self._rows
-
-    def __len__(self) -> int:
-        return int(self.arrow.num_rows)
-
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        return self._dicts()[index]
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self._dicts())
 
 
 def net_changes(rows: Sequence[dict[str, Any]], key_columns: Sequence[str], *,

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from plugin_framework.spark.netchange import TableRows
+from plugin_framework.spark.changes.rows import TableRows
 
 __all__ = ["Description", "SchemaChangeError", "align_names", "columns_map", "describe_rows"]
 

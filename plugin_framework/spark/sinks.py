@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changelog import OtherQueryError, query_of
-from plugin_framework.spark.changes import local_rows
-from plugin_framework.spark.netchange import NET_COLUMNS, NetChanges, TableRows, net_changes
+from plugin_framework.spark.changes.rows import TableRows, batch_rows
+from plugin_framework.spark.netchange import NetChanges, net_changes
 from plugin_framework.spark.schemas import SchemaChangeError
 from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
@@ -440,52 +440,3 @@ def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> A
             f"to it and back, such as {found[0][0]!r} (PostgreSQL's conversion may differ "
             "from Spark's there): rebuild the mirror of this table (a new snapshot)")
     return value.cast(dtype).alias(new)
-
-
-def batch_rows(df: Any) -> dict[tuple[str, str], TableRows]:
-    """A batch's change rows by table, each table's in ``(commit_lsn, seq)`` order (one
-    collect; rows made dicts only where a sink reads them so)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = local_rows(df)
-    if table is None:
-        table = df.select(*NET_COLUMNS).toArrow()
-    table = table.select(list(NET_COLUMNS))
-    if table.num_rows == 0:
-        return {}
-    columns = descriptions(table.column("columns"))
-    names = pc.dictionary_encode(pc.binary_join_element_wise(
-        table.column("schema"), table.column("table"), "\x00").combine_chunks())
-    out = {}
-    for i, name in enumerate(names.dictionary.to_pylist()):
-        schema, _, relation = name.partition("\x00")
-        where = pc.indices_nonzero(pc.equal(names.indices, pa.scalar(i, names.indices.type)))
-        rows = table.take(where)
-        order = pc.sort_indices(rows, [("commit_lsn", "ascending"), ("seq", "ascending")])
-        out[schema, relation] = TableRows(
-            rows.take(order), [columns[j] for j in where.take(order).to_pylist()])
-    return out
-
-
-def descriptions(columns: pa.ChunkedArray) -> list[Any]:
-    """The change rows' ``columns`` (to_pylist's form), converted once per distinct value:
-    a batch repeats each table's description on every row of it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    columns = columns.combine_chunks() if isinstance(columns, pa.ChunkedArray) else columns
-    if len(columns) == 0:
-        return []
-    fields = pc.list_flatten(columns)
-    parts = [pc.cast(fields.field(i), pa.string()) for i in range(fields.type.num_fields)]
-    each = pc.binary_join_element_wise(*[pc.fill_null(p, "\x02") for p in parts], "\x00")
-    offsets = pc.subtract(columns.offsets, columns.offsets[0])
-    per_row = pc.binary_join(pa.ListArray.from_arrays(offsets, each, mask=columns.is_null()),
-                             "\x01")
-    indices = pc.dictionary_encode(pc.fill_null(per_row, "\x03")).indices.to_pylist()
-    firsts: dict[int, int] = {}
-    for row, index in enumerate(indices):
-        firsts.setdefault(index, row)
-    converted = dict(zip(firsts, columns.take(list(firsts.values())).to_pylist(), strict=True))
-    return [converted[i] for i in indices]

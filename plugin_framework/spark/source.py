@@ -6,7 +6,7 @@
                .option("publication", "lake_pub").load())
     changes.writeStream.foreachBatch(fn).option("checkpointLocation", ...).start()
 
-Rows have the change schema of ``plugin_framework.spark.changes``. Offsets are LSNs,
+Rows have the change schema of ``plugin_framework.spark.changes.schema``. Offsets are LSNs,
 ``{"lsn": "X/X", "ack": "X/X"}``: a batch holds the committed transactions whose commit
 record ends in (start.lsn, end.lsn]; ``commit(end)`` advances the slot to ``end.ack`` (the
 batch's end, or the PREPARE of an older prepared transaction still undecided, which the slot
@@ -64,7 +64,9 @@ from plugin_framework.sources.session import (
     pgoutput_options,
 )
 from plugin_framework.sources.slots import create_slot, list_slots
-from plugin_framework.spark.changes import ChangeBuilder, PlanCache, change_schema
+from plugin_framework.spark.changes.builder import ChangeBuilder
+from plugin_framework.spark.changes.plans import PlanCache
+from plugin_framework.spark.changes.schema import change_schema
 from plugin_framework.spark.source_metrics import SourceMetrics
 from plugin_framework.spark.source_options import SourceOptionError, SourceOptions
 from plugin_framework.spark.source_snapshot import (

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugin_framework.spark.netchange import TableRows
+from plugin_framework.spark.changes.rows import TableRows
 from plugin_framework.spark.schemas import align_names
 
 __all__ = ["TableInfo", "column", "rows_info", "spark_type", "split_tables", "table_infos",

@@ -1,4 +1,5 @@
-# The C module plugin_framework/spark/native/_changerows.c: the Spark change builder's fast path.
+# The C module plugin_framework/spark/changes/native/_changerows.c: the Spark change builder's
+# fast path.
 from collections.abc import Callable
 from typing import Any, Final
 

@@ -1,8 +1,8 @@
 /*
- * plugin_framework.spark.native._changerows: the Spark change builder's rows of one pgoutput
+ * plugin_framework.spark.changes.native._changerows: the Spark change builder's rows of one pgoutput
  * Insert, Update or Delete message, appended straight from the message's bytes.
  *
- * ChangeBuilder.add_change (plugin_framework/spark/changes.py) is the reference: it takes a
+ * ChangeBuilder.add_change (plugin_framework/spark/changes/builder.py) is the reference: it takes a
  * decoded Change and appends to the builder's column lists the maps' names and raw text
  * values, the rows as JSON objects of typed values, the unchanged TOAST names and the key. A
  * ChangeRows, made once per relation description, appends the same to the same lists from
@@ -275,7 +275,7 @@ PyDoc_STRVAR(ChangeRows_doc,
 
 static PyTypeObject ChangeRows_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "plugin_framework.spark.native._changerows.ChangeRows",
+    .tp_name = "plugin_framework.spark.changes.native._changerows.ChangeRows",
     .tp_basicsize = sizeof(ChangeRows),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = ChangeRows_doc,
@@ -289,7 +289,7 @@ static PyTypeObject ChangeRows_Type = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "plugin_framework.spark.native._changerows",
+    .m_name = "plugin_framework.spark.changes.native._changerows",
     .m_doc = "The Spark change builder's fast path: a change's rows straight from pgoutput "
              "bytes.",
     .m_size = -1,

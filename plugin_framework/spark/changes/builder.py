@@ -1,39 +1,5 @@
-"""The change schema shared by the ``spark`` emitter and the ``pgoutput`` data source, and the
-columnar builder that turns decoded changes into Arrow tables of that schema.
-
-One row per change (a TRUNCATE gives one row per truncated table):
-
-==================  ================================  =========================================
-column              type                              meaning
-==================  ================================  =========================================
-lsn                 bigint                            the change's WAL position
-commit_lsn          bigint                            its transaction's commit (COMMIT PREPARED)
-                                                      record
-seq                 int                               position of the change in its transaction
-xid                 bigint                            transaction id (NULL for snapshot rows)
-commit_time         timestamp                         commit time (a snapshot's read time)
-op                  string                            INSERT, UPDATE, DELETE, TRUNCATE, or
-                                                      SNAPSHOT: a row of a snapshot
-                                                      (docs/snapshot.md), an upsert
-schema, table       string                            the table
-key                 map<string,string>                replica identity key of the row after the
-                                                      change (before it, for a DELETE), as text
-before, after       map<string,string>                the old and new row as the server's text
-                                                      (before: key columns only unless REPLICA
-                                                      IDENTITY FULL); NULL where not sent
-before_json,        string                            the same rows as JSON objects of typed
-after_json                                            values (the json emitter's conversions)
-unchanged_toast     array<string>                     columns of ``after`` whose unchanged TOAST
-                                                      value the server did not send
-columns             array<struct<name, type,          the table's columns as its last Relation
-                    type_oid, key>>                   message described them (type as
-                                                      format_type prints it)
-origin              string                            replication origin, if any
-gid                 string                            the gid of a prepared transaction
-==================  ================================  =========================================
-
-LSNs are bigints so that they sort; ``lsn_text`` turns one into PostgreSQL's ``X/X`` form.
-Changes are ordered by ``(commit_lsn, seq)``, the order a subscriber applies them in.
+"""The columnar builder that turns decoded changes into Arrow tables of the change schema
+(schema.py).
 
 Building is columnar: each change appends to flat Python lists (the raw text bytes of its
 columns go in unconverted) and ``to_arrow`` makes the Arrow arrays in one pass each; per
@@ -43,8 +9,7 @@ transaction and per relation fields are stored once and expanded with ``take``.
 from __future__ import annotations
 
 import operator
-import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final
@@ -52,179 +17,17 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from plugin_framework import LSN
-from plugin_framework.pgtypes import TypeConverters
-from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
-from plugin_framework.spark.changerows import change_rows
+from plugin_framework.protocol import KIND_BINARY, KIND_NULL, KIND_TEXT
+from plugin_framework.spark.changes.plans import EMPTY, ArrowRowPlan, PlanCache, row_of, text_of
+from plugin_framework.spark.changes.schema import arrow_schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column as SparkColumn
-    from pyspark.sql.types import StructType
 
-__all__ = [
-    "CHANGE_COLUMNS", "ChangeBuilder", "PlanCache", "arrow_schema", "change_schema",
-    "lsn_text",
-]
-
-CHANGE_COLUMNS: Final = (
-    "lsn", "commit_lsn", "seq", "xid", "commit_time", "op", "schema", "table", "key", "before",
-    "after", "before_json", "after_json", "unchanged_toast", "columns", "origin", "gid",
-)
+__all__ = ["ChangeBuilder"]
 
 _dumps: Final = orjson.dumps
 _call: Final = operator.call
-_EMPTY: Final[list[str]] = []  # the unchanged TOAST names of most rows (shared: never modify)
-
-
-def change_schema() -> StructType:
-    """The Spark schema of change rows."""
-    from pyspark.sql.types import (
-        ArrayType,
-        BooleanType,
-        IntegerType,
-        LongType,
-        MapType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    text_map = MapType(StringType(), StringType(), valueContainsNull=True)
-    column = StructType([
-        StructField("name", StringType()), StructField("type", StringType()),
-        StructField("type_oid", LongType()), StructField("key", BooleanType()),
-    ])
-    return StructType([
-        StructField("lsn", LongType()),
-        StructField("commit_lsn", LongType()),
-        StructField("seq", IntegerType()),
-        StructField("xid", LongType()),
-        StructField("commit_time", TimestampType()),
-        StructField("op", StringType()),
-        StructField("schema", StringType()),
-        StructField("table", StringType()),
-        StructField("key", text_map),
-        StructField("before", text_map),
-        StructField("after", text_map),
-        StructField("before_json", StringType()),
-        StructField("after_json", StringType()),
-        StructField("unchanged_toast", ArrayType(StringType())),
-        StructField("columns", ArrayType(column)),
-        StructField("origin", StringType()),
-        StructField("gid", StringType()),
-    ])
-
-
-_ARROW_SCHEMA: list[Any] = []
-
-
-def arrow_schema() -> pa.Schema:
-    """The Arrow schema Spark expects for change rows (what Spark's own ``to_arrow_schema``
-    makes of ``change_schema()``: a Python data source's batches must match it exactly)."""
-    if not _ARROW_SCHEMA:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        _ARROW_SCHEMA.append(to_arrow_schema(change_schema(), timezone="UTC"))
-    schema: pa.Schema = _ARROW_SCHEMA[0]
-    return schema
-
-
-def lsn_text(column: str | SparkColumn) -> SparkColumn:
-    """A Spark expression printing a bigint LSN column as PostgreSQL does (``16/B374D848``)."""
-    from pyspark.sql import functions as F
-
-    col = F.col(column) if isinstance(column, str) else column
-    return F.format_string("%X/%X", F.shiftrightunsigned(col, 32),
-                           col.bitwiseAND(F.lit(0xFFFFFFFF)))
-
-
-# --- per relation ------------------------------------------------------------------------------
-
-
-class ArrowRowPlan:
-    """What the change builder needs of one Relation to fill its Arrow columns: names,
-    converters, its fixed fields."""
-
-    __slots__ = ("all_text", "bconv", "descriptor", "fast", "key0", "key_idx", "key_names",
-                 "names", "relation", "schema", "table", "tconv", "width")
-
-    def __init__(self, relation: Any, types: Any) -> None:
-        columns = relation.columns
-        self.relation = relation
-        self.names: tuple[str, ...] = tuple(c.name for c in columns)
-        self.tconv = tuple(types.text(c.type_oid, c.type_name) for c in columns)
-        self.bconv = tuple(types.binary(c.type_oid, c.type_name)[0] for c in columns)
-        self.all_text = bytes([KIND_TEXT]) * len(columns)
-        self.key_idx = tuple(i for i, c in enumerate(columns) if c.is_key)
-        self.key_names = tuple(columns[i].name for i in self.key_idx)
-        self.key0 = self.key_idx[0] if len(self.key_idx) == 1 else -1  # the usual single key
-        self.width = len(columns)
-        self.schema: str = relation.namespace
-        self.table: str = relation.name
-        self.descriptor = [{"name": c.name, "type": c.type_name, "type_oid": c.type_oid,
-                            "key": c.is_key} for c in columns]
-        # the C appender of raw changes (ChangeBuilder.raw_writer), None where not built
-        self.fast = change_rows(relation.relation_id, self.names, self.tconv, self.key_idx,
-                                _EMPTY)
-
-
-class PlanCache:
-    """Per-relation plans, made once per Relation message (a new message, a new plan)."""
-
-    def __init__(self, catalog: Any = None) -> None:
-        self.types = TypeConverters(catalog=catalog)
-        self._plans: dict[int, ArrowRowPlan] = {}
-
-    def plan(self, relation: Any) -> ArrowRowPlan:
-        plan = self._plans.get(relation.relation_id)
-        if plan is None or plan.relation is not relation:
-            plan = self._plans[relation.relation_id] = ArrowRowPlan(relation, self.types)
-        return plan
-
-
-def _text_of(value: Any) -> bytes:
-    """A converted value (binary format) as map text."""
-    if isinstance(value, str):
-        return value.encode()
-    return _dumps(value)  # numbers, booleans, arrays, json: their JSON text
-
-
-def _row(plan: ArrowRowPlan, kinds: bytes, values: Sequence[bytes | None],
-         columns: Sequence[int] | None = None
-         ) -> tuple[Sequence[str], Sequence[bytes | None], dict[str, Any], list[str]]:
-    """A tuple as (map keys, map text values, typed-value dict, unchanged TOAST names)."""
-    if columns is None and kinds == plan.all_text:
-        names = plan.names
-        return names, values, dict(zip(names, map(_call, plan.tconv, values), strict=True)), []
-    keys: list[str] = []
-    texts: list[bytes | None] = []
-    typed: dict[str, Any] = {}
-    toast: list[str] = []
-    names, tconv = plan.names, plan.tconv
-    for i in (range(len(kinds)) if columns is None else columns):
-        k = kinds[i]
-        name = names[i]
-        if k == KIND_TEXT:
-            raw = values[i]
-            assert raw is not None
-            keys.append(name)
-            texts.append(raw)
-            typed[name] = tconv[i](raw)
-        elif k == KIND_NULL:
-            keys.append(name)
-            texts.append(None)
-            typed[name] = None
-        elif k == KIND_BINARY:
-            raw = values[i]
-            assert raw is not None
-            value = plan.bconv[i](raw)
-            keys.append(name)
-            texts.append(_text_of(value))
-            typed[name] = value
-        elif k == KIND_UNCHANGED_TOAST:
-            toast.append(name)
-    return keys, texts, typed, toast
 
 
 class _TxnInfo:
@@ -369,7 +172,7 @@ class ChangeBuilder:
                 raw = values[i]
                 assert raw is not None
                 self.key_k.append(plan.names[i])
-                self.key_v.append(_text_of(plan.bconv[i](raw)))
+                self.key_v.append(text_of(plan.bconv[i](raw)))
                 n += 1
         self.key_len.append(n)
 
@@ -386,7 +189,7 @@ class ChangeBuilder:
                 self.after_k += names
                 self.after_v += values
                 js = _dumps(dict(zip(names, map(_call, plan.tconv, values), strict=False)))
-                self.toast.append(_EMPTY)
+                self.toast.append(EMPTY)
                 key0 = plan.key0
                 if key0 >= 0:
                     self.key_len.append(1)
@@ -397,12 +200,12 @@ class ChangeBuilder:
                 else:
                     self.key_len.append(None)
             else:
-                keys, texts, typed, toast = _row(plan, data.kinds, values)
+                keys, texts, typed, toast = row_of(plan, data.kinds, values)
                 js = _dumps(typed)
                 self.after_len.append(len(keys))
                 self.after_k += keys
                 self.after_v += texts
-                self.toast.append(toast or _EMPTY)
+                self.toast.append(toast or EMPTY)
                 if plan.key_idx:
                     self._key(plan, data)
                 else:
@@ -412,10 +215,10 @@ class ChangeBuilder:
         else:
             self.after_len.append(None)
             self.after_json.append(None)
-            self.toast.append(_EMPTY)
+            self.toast.append(EMPTY)
         if old is not None:
             data = old.data
-            keys, texts, typed, _ = _row(plan, data.kinds, data.values,
+            keys, texts, typed, _ = row_of(plan, data.kinds, data.values,
                                          plan.key_idx if change.old_is_key else None)
             js = _dumps(typed)
             self.before_len.append(len(keys))
@@ -477,7 +280,7 @@ class ChangeBuilder:
             self.after_len.append(None)
             self.before_json.append(None)
             self.after_json.append(None)
-            self.toast.append(_EMPTY)
+            self.toast.append(EMPTY)
             self.nbytes += 64
 
     def extend(self, other: ChangeBuilder) -> None:
@@ -569,21 +372,3 @@ def _map(lengths: list[int | None], keys: list[str], values: list[bytes | None])
 
 def lsn_or_none(value: Any) -> LSN | None:
     return None if value is None else LSN(value)
-
-
-# The Arrow table each DataFrame of a batch was made of, in the driver: what sinks that
-# collect the batch read instead of sending it back from the JVM (batch_rows).
-_LOCAL_ROWS: weakref.WeakKeyDictionary[Any, pa.Table] = weakref.WeakKeyDictionary()
-
-
-def remember_rows(df: Any, table: pa.Table) -> None:
-    """``df`` was created from ``table`` (of the change schema), in this process."""
-    _LOCAL_ROWS[df] = table
-
-
-def local_rows(df: Any) -> pa.Table | None:
-    """The Arrow table ``df`` was created from, if it was here (else None)."""
-    try:
-        return _LOCAL_ROWS.get(df)
-    except TypeError:  # a DataFrame that cannot be weakly referenced (Spark Connect)
-        return None

@@ -1,5 +1,5 @@
-"""The glue to the change builder's C fast path, plugin_framework/spark/native/
-_changerows.c.
+"""The glue to the change builder's C fast path, plugin_framework/spark/changes/
+native/_changerows.c.
 
 A ``ChangeRows`` appends a raw row-change message to a ``ChangeBuilder``'s column lists as
 ``ChangeBuilder.add_change`` would append the decoded change (tests/test_spark_changerows.py
@@ -18,7 +18,7 @@ import orjson
 from plugin_framework.pgtypes import Converter, native_codes
 
 try:
-    from plugin_framework.spark.native import _changerows
+    from plugin_framework.spark.changes.native import _changerows
 except ImportError:  # installed without a C compiler: add_change takes every change
     _changerows = None  # type: ignore[assignment]
 
