@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter
 from plugin_framework.spark.statefiles import StateFiles, TableStateWriter
-from plugin_framework.spark.tables import rows_info
 
 Columns = list[tuple[str, str]]
 Row = tuple[Any, ...]

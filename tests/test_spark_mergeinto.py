@@ -29,8 +29,8 @@ from spark_fixtures import arrow_rows, spark_session, table_columns, table_rows 
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
+from plugin_framework.spark.columns.descriptions import SchemaChangeError
 from plugin_framework.spark.mergeinto import target_name
-from plugin_framework.spark.schemas import SchemaChangeError
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,12 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from plugin_framework.spark.columns.descriptions import (
+    SchemaChangeError,
+    columns_map,
+    describe_rows,
+)
 from plugin_framework.spark.netchange import net_changes
-from plugin_framework.spark.schemas import SchemaChangeError, columns_map, describe_rows
 
 COLUMNS = [{"name": "id", "type": "integer"}, {"name": "v", "type": "text"},
            {"name": "big", "type": "text"}]

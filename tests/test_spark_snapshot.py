@@ -50,8 +50,8 @@ from plugin_framework.spark import (
     read_state,
 )
 from plugin_framework.spark.checkpoint import Checkpoint
+from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.source_snapshot import has_work
-from plugin_framework.spark.tables import rows_info
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ import pyarrow.fs as pafs
 import pytest
 from spark_fixtures import spark_session  # noqa: F401
 
+from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.statefiles import StateFiles, TableStateWriter
-from plugin_framework.spark.tables import rows_info
 
 COLUMNS = [{"name": "id", "type": "integer", "key": True},
            {"name": "v", "type": "text", "key": False},
@@ -517,9 +517,9 @@ def test_a_retyped_column_is_converted_only_where_the_value_comes_back(
     the rewritten rows: the sinks convert the rows they hold themselves. They do so where
     Spark's cast of each value converts back to it; anything else is refused, naming the
     table, the column and a value, never a NULL or another number."""
+    from plugin_framework.spark.columns.descriptions import SchemaChangeError
     from plugin_framework.spark.delta import DeltaTableWriter
     from plugin_framework.spark.history import HistoryWriter
-    from plugin_framework.spark.schemas import SchemaChangeError
 
     writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
               "history": HistoryWriter}[sink](str(tmp_path))

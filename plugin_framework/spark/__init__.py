@@ -27,7 +27,6 @@ from plugin_framework.spark.batcher import (
     ForeachBatchPlugin,
     MicroBatchOutput,
 )
-from plugin_framework.spark.changefeed import change_feed
 from plugin_framework.spark.changelog import ChangeLogWriter, OtherQueryError
 from plugin_framework.spark.changes.schema import (
     CHANGE_COLUMNS,
@@ -36,13 +35,16 @@ from plugin_framework.spark.changes.schema import (
     lsn_text,
 )
 from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
+from plugin_framework.spark.columns.changefeed import change_feed
+from plugin_framework.spark.columns.descriptions import TableInfo, table_infos
+from plugin_framework.spark.columns.tables import split_tables
+from plugin_framework.spark.columns.types import spark_type
 from plugin_framework.spark.delta import DeltaTableWriter, read_delta
 from plugin_framework.spark.history import HistoryWriter
 from plugin_framework.spark.mergeinto import MergeIntoWriter, merge_sql
 from plugin_framework.spark.sinks import state_path
 from plugin_framework.spark.statefiles import TableStateWriter, read_state
 from plugin_framework.spark.stream import ForeachBatchStream
-from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
 
 __all__ = [
     "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS",

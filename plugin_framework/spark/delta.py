@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plugin_framework.spark.schemas import Description, describe_rows
+from plugin_framework.spark.columns.descriptions import Description, TableInfo, describe_rows
 from plugin_framework.spark.sinks import (
     TableSink,
     counted,
@@ -52,7 +52,6 @@ from plugin_framework.spark.sinks import (
     state_rows,
     staying,
 )
-from plugin_framework.spark.tables import TableInfo
 
 if TYPE_CHECKING:
     import pyarrow as pa

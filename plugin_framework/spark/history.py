@@ -32,7 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.arrowtyped import Decline, typed_arrays, typed_rows
+from plugin_framework.spark.columns.arrowtyped import Decline, typed_arrays, typed_rows
+from plugin_framework.spark.columns.descriptions import TableInfo
+from plugin_framework.spark.columns.tables import typed_values
+from plugin_framework.spark.columns.types import column
 from plugin_framework.spark.delta import (
     DeltaSink,
     Pending,
@@ -64,7 +67,6 @@ from plugin_framework.spark.sinks import (
     same_keys,
     typed_puts,
 )
-from plugin_framework.spark.tables import TableInfo, column, typed_values
 
 if TYPE_CHECKING:
     import pyarrow as pa

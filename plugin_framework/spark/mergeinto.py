@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plugin_framework.spark.schemas import SchemaChangeError, describe_rows
+from plugin_framework.spark.columns.descriptions import SchemaChangeError, TableInfo, describe_rows
+from plugin_framework.spark.columns.types import column, ident, spark_type
 from plugin_framework.spark.sinks import (
     TableSink,
     counted,
@@ -39,7 +40,6 @@ from plugin_framework.spark.sinks import (
     net_of,
     no_fills,
 )
-from plugin_framework.spark.tables import TableInfo, column, ident, spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa

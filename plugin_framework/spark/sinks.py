@@ -20,12 +20,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.arrowtyped import Decline, typed_net
 from plugin_framework.spark.changelog import OtherQueryError, query_of
 from plugin_framework.spark.changes.rows import TableRows, batch_rows
+from plugin_framework.spark.columns.arrowtyped import Decline, typed_net
+from plugin_framework.spark.columns.descriptions import SchemaChangeError, TableInfo, rows_info
+from plugin_framework.spark.columns.tables import typed_values
+from plugin_framework.spark.columns.types import column
 from plugin_framework.spark.netchange import NetChanges, net_changes
-from plugin_framework.spark.schemas import SchemaChangeError
-from plugin_framework.spark.tables import TableInfo, column, rows_info, typed_values
 
 __all__ = ["TableSink", "state_path"]
 

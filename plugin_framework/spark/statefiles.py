@@ -56,7 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.schemas import Description, describe_rows
+from plugin_framework.spark.columns.descriptions import Description, TableInfo, describe_rows
+from plugin_framework.spark.columns.types import spark_type
 from plugin_framework.spark.sinks import (
     TableSink,
     counted,
@@ -71,7 +72,6 @@ from plugin_framework.spark.sinks import (
     state_rows,
     staying,
 )
-from plugin_framework.spark.tables import TableInfo, spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa

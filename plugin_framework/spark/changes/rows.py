@@ -22,7 +22,7 @@ NET_COLUMNS = ("schema", "table", "op", "lsn", "commit_lsn", "commit_time", "seq
 class TableRows(Sequence[dict[str, Any]]):
     """One table's change rows of a batch, in ``(commit_lsn, seq)`` order: an Arrow table of
     NET_COLUMNS (``arrow``), and its rows as dicts when they are read (then ``pristine`` is
-    false: a reader may have changed them, schemas.describe_rows renames columns)."""
+    false: a reader may have changed them, descriptions.describe_rows renames columns)."""
 
     def __init__(self, arrow: pa.Table, columns: list[Any]) -> None:
         """``columns``: each row's ``columns``, converted (the batch repeats them)."""

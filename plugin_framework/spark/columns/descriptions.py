@@ -1,5 +1,7 @@
-"""A table's description changing under a mirror (ALTER TABLE between changes): which
-column of an older description is which of the newest.
+"""What a batch says about each table (``TableInfo``: its newest description, from
+``table_infos`` in Spark or ``rows_info`` from its rows), and a table's description
+changing under a mirror (ALTER TABLE between changes): which column of an older description
+is which of the newest.
 
 pgoutput describes a table again (a Relation message) before its first change after the
 description changed, by its columns' names and types in order, without their attribute
@@ -22,15 +24,61 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from plugin_framework.spark.changes.rows import TableRows
 
-__all__ = ["Description", "SchemaChangeError", "align_names", "columns_map", "describe_rows"]
+__all__ = ["Description", "SchemaChangeError", "TableInfo", "align_names", "columns_map",
+           "describe_rows", "rows_info", "table_infos"]
 
 Description = tuple[tuple[str, str], ...]  # (name, PostgreSQL type) of each column, in order
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What a batch says about one table."""
+
+    schema: str
+    table: str
+    columns: tuple[tuple[str, str, bool], ...]  # name, PostgreSQL type, is key
+    rows: int = 0
+    primary: bool = False  # the key is known to tell rows apart, even if it is every column
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _, key in self.columns if key)
+
+
+def _columns(described: Any) -> tuple[tuple[str, str, bool], ...]:
+    return tuple((c["name"], c["type"], bool(c["key"])) for c in described or ())
+
+
+def table_infos(df: Any) -> list[TableInfo]:
+    """The tables of a batch, with their newest description (one small Spark job)."""
+    from pyspark.sql import functions as F
+
+    rows = df.groupBy("schema", "table").agg(
+        F.max_by("columns", F.struct("commit_lsn", "seq")).alias("columns"),
+        F.count(F.lit(1)).alias("rows")).collect()
+    infos = [TableInfo(r["schema"], r["table"], _columns(r["columns"]), int(r["rows"]))
+             for r in rows]
+    return sorted(infos, key=lambda i: (i.schema, i.table))
+
+
+def rows_info(schema: str, table: str, rows: Sequence[dict[str, Any]]) -> TableInfo:
+    """What ``table_infos`` says of a table, from its change rows of a batch (collected, in
+    ``(commit_lsn, seq)`` order)."""
+    if isinstance(rows, TableRows):  # not made dicts for this
+        return TableInfo(schema, table, _columns(rows.columns[-1]) if rows.columns else (),
+                         len(rows))
+    return TableInfo(schema, table, _columns(rows[-1]["columns"]) if rows else (), len(rows))
 
 
 class SchemaChangeError(ValueError):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from plugin_framework.pgtypes.datetimes import civil_days
-from plugin_framework.spark.tables import spark_type
+from plugin_framework.spark.columns.types import spark_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,7 +42,7 @@ _NOT_FINITE = ("infinity", "-infinity")  # Spark's casts give NULL for these dat
 
 
 def arrow_type(pg_type: str) -> pa.DataType:
-    """The Arrow type of Spark's type for a PostgreSQL type (``tables.spark_type``), as
+    """The Arrow type of Spark's type for a PostgreSQL type (``types.spark_type``), as
     Spark's ``toArrow`` gives it (timestamps in UTC)."""
     return _arrow(spark_type(pg_type))
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from plugin_framework.spark.schemas import align_names
-from plugin_framework.spark.tables import TableInfo, table_infos, typed_values
+from plugin_framework.spark.columns.descriptions import TableInfo, align_names, table_infos
+from plugin_framework.spark.columns.tables import typed_values
 
 __all__ = ["change_feed"]
 

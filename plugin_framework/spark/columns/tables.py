@@ -33,105 +33,16 @@ NULL elsewhere; a TRUNCATE row only metadata. Unchanged TOAST columns are NULL a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from plugin_framework.spark.changes.rows import TableRows
-from plugin_framework.spark.schemas import align_names
+from plugin_framework.spark.columns.descriptions import TableInfo, align_names, table_infos
+from plugin_framework.spark.columns.types import spark_type
 
-__all__ = ["TableInfo", "column", "rows_info", "spark_type", "split_tables", "table_infos",
-           "typed_changes", "typed_values"]
-
-_TYPMOD = re.compile(r"\((\d+)(?:,(\d+))?\)")
+__all__ = ["split_tables", "typed_changes", "typed_values"]
 
 META_COLUMNS = ("_op", "_lsn", "_commit_lsn", "_seq", "_xid", "_commit_time", "_origin", "_gid",
                 "_unchanged_toast")
-
-
-def ident(name: str) -> str:
-    """A name as one Spark SQL identifier (dots, backticks and all)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def column(name: str) -> Any:
-    """``F.col`` of a column named ``name`` exactly (dots, backticks and all)."""
-    from pyspark.sql import functions as F
-
-    return F.col(ident(name))
-
-
-def _scalar(name: str) -> Any:
-    from pyspark.sql import types as T
-
-    match = _TYPMOD.search(name)
-    base = _TYPMOD.sub("", name).strip()
-    if base == "numeric":
-        if match and match[1] and int(match[1]) <= 38:
-            return T.DecimalType(int(match[1]), int(match[2] or 0))
-        return T.StringType()
-    simple = {
-        "smallint": T.ShortType(), "integer": T.IntegerType(), "bigint": T.LongType(),
-        "oid": T.LongType(), "real": T.FloatType(), "double precision": T.DoubleType(),
-        "boolean": T.BooleanType(), "bytea": T.BinaryType(), "date": T.DateType(),
-        "timestamp without time zone": T.TimestampNTZType(),
-        "timestamp with time zone": T.TimestampType(),
-    }
-    return simple.get(base, T.StringType())
-
-
-def spark_type(pg_type: str) -> Any:
-    """The Spark type for a PostgreSQL type as format_type prints it."""
-    from pyspark.sql import types as T
-
-    if pg_type.endswith("[]"):
-        return T.ArrayType(_scalar(pg_type[:-2]))
-    return _scalar(pg_type)
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    """What a batch says about one table."""
-
-    schema: str
-    table: str
-    columns: tuple[tuple[str, str, bool], ...]  # name, PostgreSQL type, is key
-    rows: int = 0
-    primary: bool = False  # the key is known to tell rows apart, even if it is every column
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-    @property
-    def key_columns(self) -> tuple[str, ...]:
-        return tuple(name for name, _, key in self.columns if key)
-
-
-def _columns(described: Any) -> tuple[tuple[str, str, bool], ...]:
-    return tuple((c["name"], c["type"], bool(c["key"])) for c in described or ())
-
-
-def table_infos(df: Any) -> list[TableInfo]:
-    """The tables of a batch, with their newest description (one small Spark job)."""
-    from pyspark.sql import functions as F
-
-    rows = df.groupBy("schema", "table").agg(
-        F.max_by("columns", F.struct("commit_lsn", "seq")).alias("columns"),
-        F.count(F.lit(1)).alias("rows")).collect()
-    infos = [TableInfo(r["schema"], r["table"], _columns(r["columns"]), int(r["rows"]))
-             for r in rows]
-    return sorted(infos, key=lambda i: (i.schema, i.table))
-
-
-def rows_info(schema: str, table: str, rows: Sequence[dict[str, Any]]) -> TableInfo:
-    """What ``table_infos`` says of a table, from its change rows of a batch (collected, in
-    ``(commit_lsn, seq)`` order)."""
-    if isinstance(rows, TableRows):  # not made dicts for this
-        return TableInfo(schema, table, _columns(rows.columns[-1]) if rows.columns else (),
-                         len(rows))
-    return TableInfo(schema, table, _columns(rows[-1]["columns"]) if rows else (), len(rows))
 
 
 def _from_text(text: Any, dtype: Any, *, hex_prefix: bool = True) -> Any:
