@@ -735,7 +735,7 @@ def test_a_lazy_frame_is_made_once_whichever_threads_read_it(spark: Any) -> None
 
     import pyarrow as pa
 
-    from plugin_framework.spark.lazyframe import LazyFrame
+    from plugin_framework.spark.foreachbatch.lazyframe import LazyFrame
 
     table = pa.table({"x": list(range(5))})
     schema = spark.createDataFrame(table).schema

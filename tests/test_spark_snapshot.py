@@ -49,8 +49,8 @@ from plugin_framework.spark import (
     read_delta,
     read_state,
 )
-from plugin_framework.spark.checkpoint import Checkpoint
 from plugin_framework.spark.columns.descriptions import rows_info
+from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint
 from plugin_framework.spark.source_snapshot import has_work
 
 pytestmark = pytest.mark.slow
@@ -367,7 +367,7 @@ def test_stored_rows_of_a_batch_come_back_exactly(tmp_path: Path) -> None:
 
     from plugin_framework import LSN
     from plugin_framework.spark.changes.schema import arrow_schema
-    from plugin_framework.spark.checkpoint import BatchRange
+    from plugin_framework.spark.foreachbatch.checkpoint import BatchRange
 
     schema = arrow_schema()
     table = pa.Table.from_pylist(

@@ -387,7 +387,7 @@ def _one_row_per_key(staged: pa.Table, keys: Sequence[str]) -> pa.Table:
 def _static_overwrite(spark: Any, statement: str) -> None:
     """An INSERT OVERWRITE of the whole table, whatever the session's partition overwrite
     mode (dynamic would keep the partitions no row is written to: a TRUNCATE lost)."""
-    from plugin_framework.spark.lazyframe import session_setting
+    from plugin_framework.spark.settings import session_setting
 
     with session_setting(spark, _OVERWRITE_MODE, "static"):
         spark.sql(statement)

@@ -17,11 +17,11 @@ from plugin_framework.app import PlannedEmitter, build_pipeline, run_source
 from plugin_framework.sources.metrics import serve_metrics
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.walsender import WalsenderSource
-from plugin_framework.spark.batcher import (
+from plugin_framework.spark.foreachbatch.batching import BatchFunction
+from plugin_framework.spark.foreachbatch.plugin import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DELAY,
     DEFAULT_MAX_ROWS,
-    BatchFunction,
     ForeachBatchPlugin,
 )
 

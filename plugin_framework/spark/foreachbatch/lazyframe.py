@@ -2,7 +2,7 @@
 
 ``spark.createDataFrame(table)`` writes the whole Arrow table to a temporary file that the
 JVM then reads: on batches of TOAST-heavy rows, more time than decoding them. The sinks
-never need it (they read the driver's Arrow table, ``changes.local_rows``), and a
+never need it (they read the driver's Arrow table, ``changes.rows.local_rows``), and a
 ``foreachBatch`` function may not either. So the emitter hands over a ``LazyFrame``: a
 real classic DataFrame (``isinstance`` holds, every method works) whose JVM side,
 ``_jdf``, every pyspark method reaches it through, is made from the table the first time
@@ -14,14 +14,15 @@ plain one there.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+from plugin_framework.spark.settings import session_setting
 
 log = logging.getLogger("pgdecode.spark")
 
@@ -62,27 +63,34 @@ class LazyFrame(ClassicFrame):
         return self.__dict__.get("_made") is not None
 
 
+_LOCAL_RELATION: Final = "spark.sql.execution.arrow.localRelationThreshold"
+_SETTING = threading.Lock()  # held while a batch's frame is made with that setting at 0
+
+
+def batch_frame(spark: Any, table: Any, schema: Any) -> Any:
+    """Arrow table ``table``'s DataFrame (of ``schema``), made in the JVM only when
+    something reads it (``frame``).
+
+    Spark keeps a DataFrame made from Arrow data under the session's
+    localRelationThreshold (48 MB) as a LocalRelation: every row converted in the driver,
+    at once, whether ``fn`` reads them or not, which took most of a no-op batch's time.
+    With the threshold at 0 for this call, the batch stays Arrow until a job reads it
+    (the same rows: only when they are converted differs). The session's own setting is
+    back after the call."""
+    def make() -> Any:
+        # fn's threads may make two batches' frames at once: one setting at a time
+        with _SETTING, session_setting(spark, _LOCAL_RELATION, "0"):
+            return spark.createDataFrame(table, schema)
+
+    return frame(spark, make, schema)
+
+
 def frame(spark: Any, make: Callable[[], Any], schema: Any) -> Any:
     """``make()``'s DataFrame, made when first used where the session has a JVM
     (classic); made now under Spark Connect."""
     if getattr(spark, "_jsparkSession", None) is None:
         return make()
     return LazyFrame(make, spark, schema)
-
-
-@contextlib.contextmanager
-def session_setting(spark: Any, key: str, value: str) -> Iterator[None]:
-    """The session's ``key`` at ``value`` inside the block; as it was (set or not) after."""
-    conf = spark.conf
-    before = conf.get(key, None)
-    conf.set(key, value)
-    try:
-        yield
-    finally:
-        if before is None:
-            conf.unset(key)
-        else:
-            conf.set(key, before)
 
 
 _TASKS_LOGGER = "org.apache.spark.scheduler.TaskSetManager"
