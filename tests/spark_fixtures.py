@@ -407,7 +407,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
                            checkpoint=str(work / "checkpoint"),
                            max_rows=args.max_rows, endpos=args.endpos).run()
     else:
-        from plugin_framework.spark.source import PgoutputDataSource
+        from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
         spark.dataSource.register(PgoutputDataSource)
         query = (spark.readStream.format("pgoutput").option("dsn", args.dsn)

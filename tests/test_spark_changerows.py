@@ -39,7 +39,7 @@ from plugin_framework.protocol import (
 )
 from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.plans import PlanCache
-from plugin_framework.spark.source import _Collector
+from plugin_framework.spark.datasource.peek import _Collector
 
 LISTS = ("lsn", "seq", "op", "rel", "txn", "key_len", "key_k", "key_v", "before_len",
          "before_k", "before_v", "after_len", "after_k", "after_v", "before_json",

@@ -58,7 +58,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "PgoutputDataSource":  # imports pyspark.sql.datasource
-        from plugin_framework.spark.source import PgoutputDataSource
+        from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
         return PgoutputDataSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

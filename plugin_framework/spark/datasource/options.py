@@ -1,4 +1,4 @@
-"""The options of the ``pgoutput`` data source (source.py's docstring lists them)."""
+"""The options of the ``pgoutput`` data source (reader.py's docstring lists them)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class SourceOptions:
     snapshot: str = "never"
     snapshot_tables: tuple[str, ...] = ()
     snapshot_chunk_rows: int = 10_000
-    metrics_port: int | None = None  # serve Prometheus metrics (source_metrics.py)
+    metrics_port: int | None = None  # serve Prometheus metrics (metrics.py)
     metrics_address: str = ""
 
     @classmethod

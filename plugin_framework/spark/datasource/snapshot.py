@@ -45,7 +45,7 @@ from plugin_framework.sources.incremental import (
 )
 from plugin_framework.sources.session import highest_proto_version
 from plugin_framework.sources.snapshot import NO_KEY, Key, key_text, published_tables
-from plugin_framework.spark.source_options import SourceOptions
+from plugin_framework.spark.datasource.options import SourceOptions
 
 log = logging.getLogger("pgdecode.spark.source")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.metrics import Families, serve_collector
 from plugin_framework.sources.monitor import SlotMonitor
-from plugin_framework.spark.source_options import SourceOptionError, SourceOptions
+from plugin_framework.spark.datasource.options import SourceOptionError, SourceOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
