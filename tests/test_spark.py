@@ -768,7 +768,7 @@ def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
         HistoryWriter,
         OtherQueryError,
     )
-    from plugin_framework.spark.delta import read_delta
+    from plugin_framework.spark.mirrors.deltatables import read_delta
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE t")
     slot = _slot(db, f"owner_{way}")

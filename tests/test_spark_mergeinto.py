@@ -30,7 +30,7 @@ from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
 from plugin_framework.spark.columns.descriptions import SchemaChangeError
-from plugin_framework.spark.mergeinto import target_name
+from plugin_framework.spark.mirrors.mergesql import target_name
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The net change of a batch (plugin_framework/spark/netchange.py) and the description
+"""The net change of a batch (plugin_framework/spark/mirrors/netchange.py) and the description
 changes a mirror follows (schemas.py), on hand-made change rows: the cases where the server
 tests' random workloads may or may not land (tests/test_spark_mirror.py checks the whole
 against SELECT *)."""
@@ -18,7 +18,7 @@ from plugin_framework.spark.columns.descriptions import (
     columns_map,
     describe_rows,
 )
-from plugin_framework.spark.netchange import net_changes
+from plugin_framework.spark.mirrors.netchange import net_changes
 
 COLUMNS = [{"name": "id", "type": "integer"}, {"name": "v", "type": "text"},
            {"name": "big", "type": "text"}]
@@ -175,7 +175,7 @@ def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_simple_batches_net_column_wise_as_the_replay_does(rows: list[dict[str, Any]]) -> None:
-    from plugin_framework.spark.netchange import simple_net
+    from plugin_framework.spark.mirrors.netchange import simple_net
 
     fast = simple_net(table_rows(rows).arrow, ("id",))
     replayed = net_changes(rows, ("id",))
@@ -192,7 +192,7 @@ def test_simple_batches_net_column_wise_as_the_replay_does(rows: list[dict[str, 
 
 
 def test_simple_net_takes_the_batches_it_should() -> None:
-    from plugin_framework.spark.netchange import simple_net
+    from plugin_framework.spark.mirrors.netchange import simple_net
 
     simple = [change("INSERT", 0, after={"id": 1, "v": "a", "big": "T"}),
               change("UPDATE", 1, after={"id": 2, "v": "b", "big": "U"}),

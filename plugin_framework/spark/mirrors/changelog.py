@@ -1,15 +1,11 @@
-"""The change log sink, and what every sink knows of the query whose batches it takes.
-
-- ``ChangeLogWriter(path)``: appends every change to Parquet, partitioned by
-  ``schema``/``table``/``date`` (the commit date in the session time zone), with a
-  ``batch_id`` column. A batch is written to a staging directory, then its files are moved
-  into the partitions under names carrying the batch id (replacing those of an interrupted
-  earlier attempt), then the batch is recorded in ``_pgdecode/commits``. Its paths go
-  through Hadoop's FileSystem of the session (any scheme Spark can write), or the local file
-  system when the session has no JVM gateway (Spark Connect).
-- Batch ids are a streaming query's own: ``query_of`` names the query of a batch, so that a
-  sink can tell a batch it holds from another query's batch of the same id
-  (``OtherQueryError``).
+"""``ChangeLogWriter(path)``: appends every change to Parquet, partitioned by
+``schema``/``table``/``date`` (the commit date in the session time zone), with a
+``batch_id`` column. A batch is written to a staging directory, then its files are moved
+into the partitions under names carrying the batch id (replacing those of an interrupted
+earlier attempt), then the batch is recorded in ``_pgdecode/commits`` with the query that
+wrote it (queries.py: another query's batch of the same id is refused). Its paths go
+through Hadoop's FileSystem of the session (any scheme Spark can write), or the local file
+system when the session has no JVM gateway (Spark Connect).
 """
 
 from __future__ import annotations
@@ -20,28 +16,9 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ChangeLogWriter", "OtherQueryError", "query_of"]
+from plugin_framework.spark.mirrors.queries import OtherQueryError, query_of
 
-# the local properties that name the streaming query a batch is of: Spark's (kept in the
-# query's checkpoint), and ForeachBatchStream's (batcher.py, its checkpoint's id)
-QUERY_PROPERTIES = ("sql.streaming.queryId", "pgdecode.queryId")
-
-
-class OtherQueryError(RuntimeError):
-    """A batch that a target holds the id of already, from another streaming query: taken
-    for that one, it would be skipped."""
-
-
-def query_of(df: Any) -> str | None:
-    """The streaming query that batch ``df`` is of (None: not known, as under Spark Connect
-    or for a call by hand)."""
-    try:
-        context = df.sparkSession.sparkContext
-        values = [context.getLocalProperty(key) for key in QUERY_PROPERTIES]
-    except Exception:  # Spark Connect has no SparkContext
-        return None
-    return next((v for v in values if v), None)
-
+__all__ = ["ChangeLogWriter"]
 
 # --- file systems ---------------------------------------------------------------------------
 
