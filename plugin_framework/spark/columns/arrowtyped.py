@@ -327,7 +327,7 @@ def typed_arrays(rows: pa.Array | pa.ChunkedArray, row_json: Sequence[str | None
 
 def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
                keys: Sequence[str]) -> pa.Table:
-    """``sinks.typed_puts`` without Spark and without its extra columns: the rows of
+    """``mirrors.typed.typed_puts`` without Spark and without its extra columns: the rows of
     netchange's ``put_columns`` (``table``) with the table's columns (name, PostgreSQL type)
     typed, then ``_fill`` and ``_o_<key>`` (the ``keys``)."""
     import pyarrow as pa
@@ -344,7 +344,7 @@ def typed_rows(table: pa.Table, columns: Sequence[tuple[str, str]],
 
 def typed_net(table: pa.Table, columns: Sequence[tuple[str, str]],
               keys: Sequence[str]) -> pa.Table:
-    """``sinks.net_frame`` without Spark: ``typed_rows`` of netchange's net changes, then
+    """``mirrors.typed.net_frame`` without Spark: ``typed_rows`` of netchange's net changes, then
     ``_deleted``, ``_commit_lsn``, ``_lsn`` and ``_copies``."""
     out = typed_rows(table, columns, keys)
     for name, source in (("_deleted", "deleted"), ("_commit_lsn", "commit_lsn"),

@@ -118,7 +118,7 @@ class MicroBatcher:
 
     def _name_query(self, name: str | None) -> None:
         """The batch ids are the checkpoint's: the sinks tell whose batches their target
-        holds by it (changelog.query_of), while fn and the sinks run (None: no longer)."""
+        holds by it (mirrors/queries.py), while fn and the sinks run (None: no longer)."""
         with contextlib.suppress(Exception):  # (Spark Connect has no SparkContext)
             self.spark.sparkContext.setLocalProperty("pgdecode.queryId", name)
 

@@ -10,9 +10,14 @@ as ``TableStateWriter``'s):
   not rewritten beyond the files that hold touched keys; unchanged TOAST values come from the
   target's rows where their chain of key changes began (read by key before the merge);
 - after a TRUNCATE in the batch, an overwrite with the rows put after it;
-- when the table's description changed (ALTER TABLE; schemas.py: renamed columns keep their
-  values, added ones are NULL in older rows, dropped ones go, retyped ones are cast or
-  refused), an overwrite of data and schema, which reads the whole table into Spark.
+- when the table's description changed (ALTER TABLE; columns/descriptions.py: renamed
+  columns keep their values, added ones are NULL in older rows, dropped ones go, retyped
+  ones are cast or refused), an overwrite of data and schema, which reads the whole table
+  into Spark.
+
+Those steps are ``TableSink``'s (template.py); ``DeltaSink`` is its hooks for Delta tables
+(read by key through deltatables.py, committed with the batch id as the transaction
+version), and ``DeltaTableWriter``'s ``merge`` the MERGE.
 
 The batch's rows are typed in the driver, in Python (arrowtyped.py, proven equal to
 ``split_tables``' Spark expressions), and merged from Arrow: no Spark job, but for a table
@@ -36,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plugin_framework.spark.columns.descriptions import TableInfo, describe_rows
+from plugin_framework.spark.columns.descriptions import Description, TableInfo
 from plugin_framework.spark.mirrors.deltatables import (
     APP,
     APP_ID,
     DESCRIPTION,
     QUERY,
     delta_arrow,
-    fill_arrow,
     keys_match,
     query_of_app,
     quote,
@@ -52,32 +56,29 @@ from plugin_framework.spark.mirrors.deltatables import (
     utc_table,
 )
 from plugin_framework.spark.mirrors.keys import counted, first_rows, key_names, key_tuples, staying
-from plugin_framework.spark.mirrors.staterows import merge_state, state_rows
-from plugin_framework.spark.mirrors.template import TableSink, state_path
-from plugin_framework.spark.mirrors.toast import no_fills
-from plugin_framework.spark.mirrors.typed import net_arrow, net_of
+from plugin_framework.spark.mirrors.staterows import state_rows
+from plugin_framework.spark.mirrors.template import TableBatch, TableSink, state_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DeltaSink", "DeltaTableWriter", "Pending"]
+__all__ = ["DeltaSink", "DeltaTableWriter", "DeltaTarget"]
 
 _DELETED = "_pgdecode_deleted"
 
 
 @dataclass
-class Pending:
-    """A batch's changes of one table, ready for a Delta commit."""
+class DeltaTarget:
+    """A table's Delta table, as the Delta mirrors' hooks see it."""
 
-    target: str  # the table's path
+    path: str
     table: Any | None  # its DeltaTable (None: not written yet)
-    renamed: dict[str, str | None] | None  # stored column names -> the batch's (schemas.py)
-    commit: Any  # CommitProperties: the batch id and the description
-    redescribed: bool  # the description changed since the last commit (ALTER TABLE)
 
 
 class DeltaSink(TableSink):
-    """The frame of the sinks that keep Delta tables at ``path/<schema>/<table>``."""
+    """The hooks of the mirrors that keep Delta tables at ``path/<schema>/<table>``: each
+    commit records the batch id as the table's application transaction version, and the
+    description and the query in its commit info."""
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
@@ -95,101 +96,100 @@ class DeltaSink(TableSink):
         self.app_id = app_id
         self.storage_options = storage_options
 
-    def pending(self, rows: Sequence[dict[str, Any]], info: TableInfo,
-                batch_id: int) -> Pending | None:
-        """The table's Delta state before the batch (None: it has the batch already); the
-        rows renamed to the batch's newest description."""
-        from deltalake import CommitProperties, Transaction
-
-        target = state_path(self.path, info.qualified_name)
-        table = self._open(target)
-        if table is not None:
-            done = table.transaction_version(self.app_id)
-            if done is not None and done >= batch_id:
-                self.held_already(info.qualified_name, done,
-                                  query_of_app(table, self.app_id), batch_id)
-                return None
-        stored = None if table is None else stored_description(table)
-        description, renamed = describe_rows(info.qualified_name, rows, stored)
-        metadata = {DESCRIPTION: orjson.dumps(description).decode(), APP: self.app_id}
-        if self.query is not None:
-            metadata[QUERY] = self.query
-        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)],
-                                  custom_metadata=metadata)
-        return Pending(target, table, renamed, commit,
-                       stored is not None and stored != description)
-
-    def overwrite(self, pending: Pending, df: Any) -> None:
-        """Replace the table's data and schema with Spark DataFrame ``df``, in one commit."""
-        self.overwrite_arrow(pending, df.toArrow())
-
-    def overwrite_arrow(self, pending: Pending, rows: pa.Table) -> None:
-        """Replace the table's data and schema with ``rows``, in one commit."""
-        from deltalake import write_deltalake
-
-        write_deltalake(pending.target, utc_table(rows), mode="overwrite",
-                        schema_mode="overwrite", commit_properties=pending.commit,
-                        storage_options=self.storage_options)
-
-    def _open(self, target: str) -> Any | None:
+    def open(self, info: TableInfo) -> DeltaTarget:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        path = state_path(self.path, info.qualified_name)
         try:
-            return DeltaTable(target, storage_options=self.storage_options)
+            return DeltaTarget(path, DeltaTable(path, storage_options=self.storage_options))
         except TableNotFoundError:
+            return DeltaTarget(path, None)
+
+    def applied(self, target: DeltaTarget, batch_id: int) -> tuple[int, str | None] | None:
+        if target.table is None:
             return None
+        done = target.table.transaction_version(self.app_id)
+        if done is not None and done >= batch_id:
+            return done, query_of_app(target.table, self.app_id)
+        return None
+
+    def stored_description(self, target: DeltaTarget) -> Description | None:
+        return None if target.table is None else stored_description(target.table)
+
+    def holds_rows(self, target: DeltaTarget) -> bool:
+        return target.table is not None
+
+    def every_row(self, target: DeltaTarget) -> pa.Table:
+        assert target.table is not None
+        return delta_arrow(target.table)
+
+    def rows_under(self, target: DeltaTarget, batch: TableBatch, keys: pa.ChunkedArray,
+                   changes: pa.Table) -> pa.Table:
+        assert target.table is not None
+        return target_rows(target.table, keys, batch.info)
+
+    def replace(self, target: DeltaTarget, batch: TableBatch, rows: pa.Table) -> None:
+        """The table's data and schema replaced with ``rows``, in one commit."""
+        from deltalake import write_deltalake
+
+        write_deltalake(target.path, utc_table(rows), mode="overwrite",
+                        schema_mode="overwrite", commit_properties=self.commit_properties(batch),
+                        storage_options=self.storage_options)
+
+    def commit_properties(self, batch: TableBatch) -> Any:
+        """The ``CommitProperties`` of the table's commit of the batch: the batch id as the
+        transaction version of ``app_id``, the description and the query."""
+        from deltalake import CommitProperties, Transaction
+
+        metadata = {DESCRIPTION: orjson.dumps(batch.description).decode(), APP: self.app_id}
+        if self.query is not None:
+            metadata[QUERY] = self.query
+        return CommitProperties(app_transactions=[Transaction(self.app_id, batch.batch_id)],
+                                custom_metadata=metadata)
 
 
 class DeltaTableWriter(DeltaSink):
     """``fn(batch_df, batch_id)`` maintaining each table's current state as a Delta table."""
 
-    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
-        pending = self.pending(rows, info, batch_id)
-        if pending is None:
-            return  # applied already
-        net = net_of(rows, info)
-        table = pending.table
-        if table is None or net.truncated:  # no rows before the batch's: its puts
-            self.overwrite_arrow(pending, state_rows(no_fills(net_arrow(spark, net, info),
-                                                              info), info))
-            return
-        if pending.redescribed:
-            existing = spark.createDataFrame(delta_arrow(table))
-            self.overwrite(pending, merge_state(spark, net, info, existing, pending.renamed))
-            return
-        changes = net_arrow(spark, net, info)
+    def merge(self, target: DeltaTarget, batch: TableBatch, changes: pa.Table,
+              base: pa.Table | None) -> None:
+        """One MERGE on the key: the rows put updated or inserted, the keys taken away
+        deleted."""
+        info = batch.info
+        table = target.table
+        assert table is not None
         if counted(info):
-            self._merge_counted(pending, changes, info)
+            assert base is not None
+            self._merge_counted(target, batch, changes, base)
             return
-        if net.fills:
-            changes = fill_arrow(changes, net.fills, info, table)
         names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
         source = utc_table(changes.select([*names, "_deleted"])
                            .rename_columns([*names, _DELETED]))
         sets = {quote(n): f"s.{quote(n)}" for n in names}
         (table.merge(source, keys_match(info), source_alias="s", target_alias="t",
-                     commit_properties=pending.commit)
+                     commit_properties=self.commit_properties(batch))
          .when_matched_delete(f"s.{_DELETED}")
          .when_matched_update(sets, predicate=f"NOT s.{_DELETED}")
          .when_not_matched_insert(sets, predicate=f"NOT s.{_DELETED}")
          .execute())
 
-    def _merge_counted(self, pending: Pending, changes: pa.Table, info: TableInfo) -> None:
-        """The MERGE of a ``counted`` table's batch: a MERGE cannot take one of two equal
-        rows, so every target copy of a row the batch counts goes, and the copies that
-        stay go in again, with those the batch adds."""
+    def _merge_counted(self, target: DeltaTarget, batch: TableBatch, changes: pa.Table,
+                       rows: pa.Table) -> None:
+        """The MERGE of a ``counted`` table's batch (``rows``: the target's under its first
+        key column's values): a MERGE cannot take one of two equal rows, so every target
+        copy of a row the batch counts goes, and the copies that stay go in again, with
+        those the batch adds."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        assert pending.table is not None
+        assert target.table is not None
+        info = batch.info
         keys = key_names(info)
         names = [name for name, _, _ in info.columns] + ["_commit_lsn", "_lsn"]
-        target = target_rows(pending.table, changes.column(keys[0]), info)
         first = first_rows(changes, keys)  # a change row of each row counted
-        counted_rows = pa.array([key in first for key in key_tuples(target, keys)], pa.bool_())
-        stay = target.filter(pc.and_(counted_rows, staying(target, changes, info)))
+        counted_rows = pa.array([key in first for key in key_tuples(rows, keys)], pa.bool_())
+        stay = rows.filter(pc.and_(counted_rows, staying(rows, changes, info)))
         parts = [(changes.take(pa.array(list(first.values()), pa.int64())), True),
                  (stay, False), (state_rows(changes, info), False)]
         typed = [utc_table(t.select(names)) for t, _ in parts]
@@ -197,8 +197,8 @@ class DeltaTableWriter(DeltaSink):
         source = pa.concat_tables(
             [t.cast(schema).append_column(_DELETED, pa.repeat(goes, t.num_rows))
              for t, (_, goes) in zip(typed, parts, strict=True)])
-        (pending.table.merge(source, f"s.{_DELETED} AND {keys_match(info)}", source_alias="s",
-                             target_alias="t", commit_properties=pending.commit)
+        (target.table.merge(source, f"s.{_DELETED} AND {keys_match(info)}", source_alias="s",
+                            target_alias="t", commit_properties=self.commit_properties(batch))
          .when_matched_delete()
          .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
                                   predicate=f"NOT s.{_DELETED}")

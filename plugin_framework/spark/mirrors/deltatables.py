@@ -6,7 +6,7 @@ the names and time zones of delta-rs's MERGE."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -14,7 +14,6 @@ import orjson
 from plugin_framework.spark.columns.descriptions import Description, TableInfo
 from plugin_framework.spark.mirrors.keys import key_names
 from plugin_framework.spark.mirrors.template import state_path
-from plugin_framework.spark.mirrors.toast import fill_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,7 +25,6 @@ __all__ = [
     "QUERY",
     "delta_arrow",
     "delta_dataset",
-    "fill_arrow",
     "keys_match",
     "query_of_app",
     "quote",
@@ -38,7 +36,7 @@ __all__ = [
 
 APP_ID = "pgdecode"
 DESCRIPTION = "pgdecode.description"
-QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (changelog.query_of)
+QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (queries.query_of)
 APP = "pgdecode.app"  # the app_id whose transaction version the commit set
 
 
@@ -149,15 +147,6 @@ def target_rows(table: Any, origins: pa.ChunkedArray | pa.Array, info: TableInfo
     if current:  # a history: the current versions
         where = where & ds.field("_is_current")
     return dataset.to_table(filter=where)
-
-
-def fill_arrow(changes: pa.Table, filled: Sequence[str], info: TableInfo, table: Any, *,
-               current: bool = False) -> pa.Table:
-    """``fill_rows`` from Delta table ``table``: the rows under the keys fills take their
-    values from (``current``: of its rows ``_is_current``, a history)."""
-    wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
-    origins = changes.column(f"_o_{key_names(info)[0]}").take(wanting)
-    return fill_rows(changes, filled, info, target_rows(table, origins, info, current=current))
 
 
 def _utc_type(dtype: pa.DataType) -> pa.DataType:

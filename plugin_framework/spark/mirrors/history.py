@@ -33,15 +33,8 @@ from plugin_framework.spark.columns.arrowtyped import Decline
 from plugin_framework.spark.columns.descriptions import TableInfo
 from plugin_framework.spark.columns.tables import typed_values
 from plugin_framework.spark.columns.types import column
-from plugin_framework.spark.mirrors.delta import DeltaSink, Pending
-from plugin_framework.spark.mirrors.deltatables import (
-    delta_arrow,
-    fill_arrow,
-    keys_match,
-    quote,
-    target_rows,
-    utc_table,
-)
+from plugin_framework.spark.mirrors.delta import DeltaSink, DeltaTarget
+from plugin_framework.spark.mirrors.deltatables import keys_match, quote, target_rows, utc_table
 from plugin_framework.spark.mirrors.keys import (
     counted,
     first_rows,
@@ -50,7 +43,8 @@ from plugin_framework.spark.mirrors.keys import (
     same_keys,
 )
 from plugin_framework.spark.mirrors.staterows import conform
-from plugin_framework.spark.mirrors.toast import fill_from, no_fills
+from plugin_framework.spark.mirrors.template import TableBatch
+from plugin_framework.spark.mirrors.toast import fill_from, fill_rows, no_fills
 from plugin_framework.spark.mirrors.typed import typed_puts
 from plugin_framework.spark.mirrors.versions import (
     VERSION_COLUMNS,
@@ -73,19 +67,22 @@ _CLOSE = "_pgdecode_close"
 
 
 class HistoryWriter(DeltaSink):
-    """``fn(batch_df, batch_id)`` appending each table's versions to its Delta history."""
+    """``fn(batch_df, batch_id)`` appending each table's versions to its Delta history:
+    ``TableSink``'s steps and ``DeltaSink``'s hooks, but the batch's versions written
+    (``write``), not its state, and the rows TOAST values come from are the current
+    versions (``rows_under``)."""
 
-    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
+    def write(self, target: DeltaTarget, rows: Sequence[dict[str, Any]],
+              batch: TableBatch) -> None:
+        """The batch's versions appended, and the target's versions they end ended, in one
+        MERGE; the whole history rewritten after a TRUNCATE or an ALTER TABLE."""
         import pyarrow as pa
 
-        pending = self.pending(rows, info, batch_id)
-        if pending is None:
-            return  # applied already
+        spark, info = batch.spark, batch.info
         changes = history_changes(rows, key_names(info), counted=counted(info))
-        table = pending.table
-        if table is not None and (changes.truncated_at is not None or pending.redescribed):
-            self._rewrite(spark, pending, changes, info, self._versions(spark, changes, info))
+        table = target.table
+        if table is not None and (changes.truncated_at is not None or batch.redescribed):
+            self._rewrite(target, batch, changes, self._versions(spark, changes, info))
             return
         try:
             versions, ends = versions_arrow(changes, info), ends_arrow(changes, info)
@@ -94,15 +91,18 @@ class HistoryWriter(DeltaSink):
             versions = self._versions(spark, changes, info).toArrow()
             ends = self._ends(spark, changes, info).toArrow()
         if table is None:
-            self.overwrite_arrow(pending, no_fills(versions, info).drop_columns(
+            self.replace(target, batch, no_fills(versions, info).drop_columns(
                 ["_fill", *_origins(info)]))
             return
         if counted(info):
-            self._merge_counted(pending, versions.drop_columns(["_fill", *_origins(info)]),
-                                ends, info)
+            self._merge_counted(target, batch,
+                                versions.drop_columns(["_fill", *_origins(info)]), ends)
             return
         if changes.fills:
-            versions = fill_arrow(versions, changes.fills, info, table, current=True)
+            wanted = self.wanted_keys(versions, changes.fills, info)
+            assert wanted is not None
+            versions = fill_rows(versions, changes.fills, info,
+                                 self.rows_under(target, batch, wanted, versions))
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
         versions = versions.drop_columns(["_fill", *_origins(info)])
         # every field nullable: the ends have no values of the versions' columns (Spark's
@@ -114,24 +114,32 @@ class HistoryWriter(DeltaSink):
         ended = {quote(c): f"s.{quote(c)}" for c in ("_valid_to_lsn", "_valid_to")}
         (table.merge(utc_table(source),
                      f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
-                     source_alias="s", target_alias="t", commit_properties=pending.commit)
+                     source_alias="s", target_alias="t",
+                     commit_properties=self.commit_properties(batch))
          .when_matched_update({**ended, "_is_current": "false"})
          .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
                                   predicate=f"NOT s.{_CLOSE}")
          .execute())
 
-    def _merge_counted(self, pending: Pending, versions: pa.Table, ends: pa.Table,
-                       info: TableInfo) -> None:
+    def rows_under(self, target: DeltaTarget, batch: TableBatch, keys: pa.ChunkedArray,
+                   changes: pa.Table) -> pa.Table:
+        """The current versions under ``keys``."""
+        assert target.table is not None
+        return target_rows(target.table, keys, batch.info, current=True)
+
+    def _merge_counted(self, target: DeltaTarget, batch: TableBatch, versions: pa.Table,
+                       ends: pa.Table) -> None:
         """The MERGE of a ``counted`` table's batch: a MERGE cannot end some of equal
         versions, so every current version of a row the batch ends goes, and goes in again,
         ``ended_copies`` of them ended; the batch's versions are appended."""
         import pyarrow as pa
 
-        assert pending.table is not None
+        assert target.table is not None
+        info = batch.info
         keys = key_names(info)
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
         first = first_rows(ends, keys)  # an end of each row
-        current = target_rows(pending.table, ends.column(keys[0]), info, current=True)
+        current = self.rows_under(target, batch, ends.column(keys[0]), ends)
         current = current.filter(pa.array([k in first for k in key_tuples(current, keys)],
                                           pa.bool_()))
         schema = _nullable(utc_table(versions.select(names))).schema
@@ -142,9 +150,9 @@ class HistoryWriter(DeltaSink):
             [utc_table(t).cast(pa.schema([schema.field(n) for n in t.column_names]))
              .append_column(_CLOSE, pa.repeat(close, t.num_rows)) for t, close in parts],
             promote_options="default")
-        (pending.table.merge(source, f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
-                             source_alias="s", target_alias="t",
-                             commit_properties=pending.commit)
+        (target.table.merge(source, f"s.{_CLOSE} AND t._is_current AND {keys_match(info)}",
+                            source_alias="s", target_alias="t",
+                            commit_properties=self.commit_properties(batch))
          .when_matched_delete()
          .when_not_matched_insert({quote(n): f"s.{quote(n)}" for n in names},
                                   predicate=f"NOT s.{_CLOSE}")
@@ -175,22 +183,22 @@ class HistoryWriter(DeltaSink):
             F.col("at_lsn").alias("_valid_to_lsn"), F.col("at").cast("timestamp")
             .alias("_valid_to"), F.col("copies").alias("_copies"))
 
-    def _rewrite(self, spark: Any, pending: Pending, changes: HistoryChanges,
-                 info: TableInfo, versions: Any) -> None:
+    def _rewrite(self, target: DeltaTarget, batch: TableBatch, changes: HistoryChanges,
+                 versions: Any) -> None:
         """The whole history again: the existing versions under the batch's description,
         those the batch ends ended, the batch's appended."""
         from pyspark.sql import functions as F
 
-        assert pending.table is not None
-        existing = spark.createDataFrame(delta_arrow(pending.table))
-        base = conform(existing, info, pending.renamed, versions.schema, VERSION_COLUMNS)
+        spark, info = batch.spark, batch.info
+        existing = spark.createDataFrame(self.every_row(target))
+        base = conform(existing, info, batch.renamed, versions.schema, VERSION_COLUMNS)
         if counted(info):  # equal versions: ended in Arrow, as the MERGE's are
             import pyarrow as pa
 
             out = versions.drop("_fill", *_origins(info)).select(*base.columns).toArrow()
             ended = ended_copies(base.toArrow(), self._ends(spark, changes, info).toArrow(),
                                  info, changes.truncated_at)
-            self.overwrite_arrow(pending, pa.concat_tables([ended.cast(out.schema), out]))
+            self.replace(target, batch, pa.concat_tables([ended.cast(out.schema), out]))
             return
         keys = key_names(info)
         if changes.fills:
@@ -210,8 +218,8 @@ class HistoryWriter(DeltaSink):
             F.coalesce(F.col("_valid_to"), end_at).alias("_valid_to"),
             (F.col("_is_current") & end_lsn.isNull()).alias("_is_current"))
         out = [column(c) for c in base.columns]
-        self.overwrite(pending, ended.select(*out).unionByName(
-            versions.drop("_fill", *_origins(info)).select(*out)))
+        self.replace(target, batch, ended.select(*out).unionByName(
+            versions.drop("_fill", *_origins(info)).select(*out)).toArrow())
 
 
 def _nullable(table: pa.Table) -> pa.Table:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plugin_framework.spark.columns.descriptions import SchemaChangeError, TableInfo, describe_rows
+from plugin_framework.spark.columns.descriptions import SchemaChangeError, TableInfo
 from plugin_framework.spark.columns.types import column, ident, spark_type
 from plugin_framework.spark.mirrors.keys import counted, key_names, key_tuples
 from plugin_framework.spark.mirrors.mergesql import DELETED, merge_sql, overwrite_sql, target_name
-from plugin_framework.spark.mirrors.template import TableSink
+from plugin_framework.spark.mirrors.template import TableBatch, TableSink
 from plugin_framework.spark.mirrors.toast import fill_rows, no_fills
 from plugin_framework.spark.mirrors.typed import net_arrow, net_of
 
@@ -96,8 +96,10 @@ class MergeIntoWriter(TableSink):
                              f"{self.target!r})")
         return target
 
-    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
+    # -- TableSink's hooks: the target keeps no batch ids and no description
+
+    def open(self, info: TableInfo) -> str:
+        """The table's target (``target_of``); a table without a key is refused."""
         name = info.qualified_name
         if counted(info):
             given = self.keys.get(name)
@@ -108,8 +110,23 @@ class MergeIntoWriter(TableSink):
                    f"none): give its primary key in keys={{{name!r}: [...]}}")
                 + ", or mirror it with TableStateWriter or DeltaTableWriter, which count "
                 "equal rows")
-        target = self.target_of(info)
-        describe_rows(name, rows, None)  # the rows under the batch's newest column names
+        return self.target_of(info)
+
+    def applied(self, target: str, batch_id: int) -> None:
+        """None: every batch is applied (a batch delivered again merges its staged rows
+        again, the same statement on the same rows)."""
+        return None
+
+    def stored_description(self, target: str) -> None:
+        """None: the batch's rows are renamed to its newest description, and the target's
+        columns are checked against it (``_check_target``) rather than rewritten."""
+        return None
+
+    def write(self, target: str, rows: Sequence[dict[str, Any]], batch: TableBatch) -> None:
+        """The table's net changes of the batch staged (once per batch, with the target's
+        TOAST values), then merged with one MERGE INTO, or one INSERT OVERWRITE where the
+        batch truncates the table."""
+        spark, info, batch_id = batch.spark, batch.info, batch.batch_id
         columns = [n for n, _, _ in info.columns]
         schema = _spark_schema(info)
         self._check_target(spark, target, info, schema)

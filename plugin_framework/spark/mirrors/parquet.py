@@ -25,6 +25,10 @@ Updates spread evenly over a large table touch every file: then a batch rewrites
 ``DeltaTableWriter`` (delta.py) has the same limit (copy-on-write files); a batch of a
 workload with locality (new keys ascending, updates to recent rows) rewrites one or two files.
 
+The steps every state mirror shares (the rows, the description, the net changes typed, the
+TOAST values) are ``TableSink``'s (template.py); this module is its hooks: how a state's
+files are read (by key: ``rows_under``) and how a batch's are committed (statefiles.py).
+
 A batch of a table commits in three steps: its new files are written under
 ``_pgdecode/pending-N`` (N: the batch id; Spark and DuckDB skip directories starting with
 ``_``); then the manifest ``_pgdecode/state-N.json`` (the files of the state, the batch id,
@@ -36,9 +40,9 @@ manifest has batch N or later has the batch already: a batch delivered again app
 to the tables it had not reached. A reader that lists the directory while a batch moves its
 files may see a touched key twice or not at all; ``read_state`` reads the manifest's files.
 
-A description changed by ALTER TABLE (schemas.py: renamed columns keep their values, added
-ones are NULL in older rows, dropped ones go, retyped ones are cast or refused) rewrites
-every file, through Spark. The rows are typed in the driver (arrowtyped.py, as
+A description changed by ALTER TABLE (columns/descriptions.py: renamed columns keep their
+values, added ones are NULL in older rows, dropped ones go, retyped ones are cast or refused)
+rewrites every file, through Spark. The rows are typed in the driver (arrowtyped.py, as
 DeltaTableWriter's), else by Spark for a table whose values arrowtyped declines.
 
 Paths: local paths and the URIs pyarrow's file systems take (``s3://``, ``gs://``,
@@ -49,16 +53,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugin_framework.spark.columns.descriptions import TableInfo, describe_rows
+from plugin_framework.spark.columns.descriptions import Description, TableInfo
 from plugin_framework.spark.columns.types import spark_type
 from plugin_framework.spark.mirrors.keys import counted, key_names, key_tuples, staying
 from plugin_framework.spark.mirrors.statefiles import SPARK_ROW_METADATA, Manifest, StateFiles
-from plugin_framework.spark.mirrors.staterows import merge_state, state_rows
-from plugin_framework.spark.mirrors.template import TableSink, state_path
-from plugin_framework.spark.mirrors.toast import fill_rows, no_fills
-from plugin_framework.spark.mirrors.typed import net_arrow, net_of
+from plugin_framework.spark.mirrors.staterows import state_rows
+from plugin_framework.spark.mirrors.template import TableBatch, TableSink, state_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -80,6 +83,16 @@ def spark_schema_json(info: TableInfo) -> str:
     return str(T.StructType([*fields, *meta]).json())
 
 
+@dataclass
+class _State:
+    """A table's state as ``TableStateWriter``'s hooks see it: its files, its manifest
+    before the batch (None: no state yet), and the files ``rows_under`` read."""
+
+    files: StateFiles
+    manifest: Manifest | None
+    read: list[str] = field(default_factory=list)
+
+
 class TableStateWriter(TableSink):
     """``fn(batch_df, batch_id)`` maintaining each table's current state in Parquet at
     ``path`` (see the module's text)."""
@@ -97,51 +110,83 @@ class TableStateWriter(TableSink):
         self.file_rows = file_rows
         self.filesystem = filesystem
 
-    def apply(self, spark: Any, rows: Sequence[dict[str, Any]], info: TableInfo,
-              batch_id: int) -> None:
+    # --- TableSink's hooks
+
+    rewrites_touched = True  # a batch rewrites the files holding the keys it touches
+
+    def open(self, info: TableInfo) -> _State:
         files = StateFiles.at(self.path, info.qualified_name, self.filesystem)
-        manifest = files.recover()
+        return _State(files, files.recover())
+
+    def applied(self, target: _State, batch_id: int) -> tuple[int, str | None] | None:
+        manifest = target.manifest
         if manifest is not None and manifest.batch >= batch_id:
-            self.held_already(info.qualified_name, manifest.batch, manifest.query, batch_id)
-            return  # applied already
-        stored = None if manifest is None else manifest.description
-        description, renamed = describe_rows(info.qualified_name, rows, stored)
-        net = net_of(rows, info)
-        if manifest is None or net.truncated:  # no rows before the batch's: its puts
-            state = state_rows(no_fills(net_arrow(spark, net, info), info), info)
-            self._write(files, info, Manifest(batch_id, {}, description), state)
-            return
-        if stored != description:  # ALTER TABLE: every row under the new description
-            existing = spark.createDataFrame(files.read(list(manifest.files)))
-            state = merge_state(spark, net, info, existing, renamed).toArrow()
-            self._write(files, info, Manifest(batch_id, {}, description), state)
-            return
+            return manifest.batch, manifest.query
+        return None
+
+    def stored_description(self, target: _State) -> Description | None:
+        return None if target.manifest is None else target.manifest.description
+
+    def redescribed(self, target: _State, stored: Description | None,
+                    description: Description) -> bool:
+        """A state whose description is not known (taken over from before the manifest
+        said) is rewritten too: its files' columns may not be the batch's."""
+        return stored != description
+
+    def holds_rows(self, target: _State) -> bool:
+        return target.manifest is not None
+
+    def every_row(self, target: _State) -> pa.Table:
+        assert target.manifest is not None
+        return target.files.read(list(target.manifest.files))
+
+    def rows_under(self, target: _State, batch: TableBatch, keys: pa.ChunkedArray,
+                   changes: pa.Table) -> pa.Table:
+        """The rows of the files that hold one of ``keys`` (by their bounds, then their key
+        column), and of the file with the highest keys if the batch puts rows of keys the
+        table does not have there: the files ``merge`` rewrites."""
         import pyarrow.compute as pc
 
-        changes = net_arrow(spark, net, info)
-        keys = key_names(info)
-        first = changes.column(keys[0])
-        if net.fills:  # the keys the unchanged TOAST values are under
-            first = _concat(first, changes.column(f"_o_{keys[0]}"))
-        read = files.holding(manifest, keys[0], first.combine_chunks())
+        manifest = target.manifest
+        assert manifest is not None
+        info = batch.info
+        first = key_names(info)
+        target.read = target.files.holding(manifest, first[0], keys.combine_chunks())
         puts = state_rows(changes, info)
-        base = files.read(read, puts.schema)
+        base = target.files.read(target.read, puts.schema)
         tail = _tail(manifest)
-        if tail is not None and tail not in read and manifest.files[tail] < self.file_rows \
-                and not pc.all(_among(puts, base, keys)).as_py():
-            read.append(tail)  # where the rows of new keys go
-            base = _concat_tables(base, files.read([tail], puts.schema))
-        if net.fills:
-            changes = fill_rows(changes, net.fills, info, base)
-            puts = state_rows(changes, info)
+        if tail is not None and tail not in target.read \
+                and manifest.files[tail] < self.file_rows \
+                and not pc.all(_among(puts, base, first)).as_py():
+            target.read.append(tail)  # where the rows of new keys go
+            base = _concat_tables(base, target.files.read([tail], puts.schema))
+        return base
+
+    def replace(self, target: _State, batch: TableBatch, rows: pa.Table) -> None:
+        self._write(target.files, batch.info, Manifest(batch.batch_id, {}, batch.description),
+                    rows)
+
+    def merge(self, target: _State, batch: TableBatch, changes: pa.Table,
+              base: pa.Table | None) -> None:
+        """The files read (``rows_under``) written again, with the rows of the keys the
+        batch touched replaced or removed and its new rows added."""
+        import pyarrow.compute as pc
+
+        manifest = target.manifest
+        assert manifest is not None and base is not None
+        info = batch.info
+        keys = key_names(info)
+        puts = state_rows(changes, info)
         if counted(info):  # equal rows: copies taken away, copies added
             state = _concat_tables(base.filter(staying(base, changes, info)), puts)
         else:
             state = _concat_tables(base.filter(pc.invert(_among(base, changes, keys))), puts)
-        kept = Manifest(batch_id, {n: r for n, r in manifest.files.items() if n not in read},
-                        description, {n: b for n, b in manifest.bounds_of(keys[0]).items()
-                                      if n not in read})
-        self._write(files, info, kept, state)
+        read = target.read
+        kept = Manifest(batch.batch_id,
+                        {n: r for n, r in manifest.files.items() if n not in read},
+                        batch.description,
+                        {n: b for n, b in manifest.bounds_of(keys[0]).items() if n not in read})
+        self._write(target.files, info, kept, state)
 
     def _write(self, files: StateFiles, info: TableInfo, manifest: Manifest,
                rows: pa.Table) -> None:
@@ -224,12 +269,6 @@ def _sorted(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
     if rows.num_rows < 2 or any(pa.types.is_nested(rows.schema.field(k).type) for k in keys):
         return rows
     return rows.sort_by([(k, "ascending") for k in keys])
-
-
-def _concat(*arrays: pa.ChunkedArray) -> pa.ChunkedArray:
-    import pyarrow as pa
-
-    return pa.chunked_array([c for a in arrays for c in a.chunks], arrays[0].type)
 
 
 def _concat_tables(*tables: pa.Table) -> pa.Table:

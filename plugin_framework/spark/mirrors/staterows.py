@@ -50,7 +50,7 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
     changes (netchange.py) applied: the rows of the keys it touched replaced or removed,
     unchanged TOAST values taken from the existing rows they began with, the other rows as
     they were (their ``_commit_lsn`` included). ``renamed``: the existing columns' names in
-    the batch's description (schemas.py; None: the same names)."""
+    the batch's description (columns/descriptions.py; None: the same names)."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
