@@ -1,6 +1,6 @@
 """The ``spark`` emitter: committed transactions in micro-batches, handed to a foreachBatch
 function ``fn(batch_df, batch_id)`` as Spark DataFrames (the change schema of
-``plugin_framework.spark.changes``).
+``plugin_framework.spark.changes.schema``).
 
     pgdecode stream -d "dbname=app" -S lake --publication lake_pub --emitter spark \\
         -o checkpoint=/data/ckpt/lake -o foreach-batch=mypackage.jobs:apply_batch \\

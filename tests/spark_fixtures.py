@@ -202,7 +202,7 @@ def state_rows(spark: Any, path: str, table: str, columns: list[str]) -> list[tu
     """``TableStateWriter``'s state of a table, read by Spark (``spark`` None: by pyarrow,
     the files its manifest lists)."""
     from plugin_framework.spark import read_state
-    from plugin_framework.spark.statefiles import StateFiles
+    from plugin_framework.spark.mirrors.statefiles import StateFiles
 
     if spark is not None:
         return arrow_rows(read_state(spark, path, table).select(*columns).toArrow(), columns)
@@ -223,7 +223,7 @@ def delta_rows(path: str, table: str, columns: list[str],
     """``DeltaTableWriter``'s state of a table (``history``: the current versions of
     ``HistoryWriter``'s), as deltalake reads it (no Spark)."""
     from plugin_framework.spark import read_delta
-    from plugin_framework.spark.delta import delta_arrow
+    from plugin_framework.spark.mirrors.deltatables import delta_arrow
 
     data = delta_arrow(read_delta(path, table))
     if history:
@@ -407,7 +407,7 @@ def run_pipeline(args: argparse.Namespace) -> None:
                            checkpoint=str(work / "checkpoint"),
                            max_rows=args.max_rows, endpos=args.endpos).run()
     else:
-        from plugin_framework.spark.source import PgoutputDataSource
+        from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
         spark.dataSource.register(PgoutputDataSource)
         query = (spark.readStream.format("pgoutput").option("dsn", args.dsn)

@@ -45,8 +45,8 @@ def main() -> None:
     from spark_fixtures import new_session
 
     from plugin_framework.spark import ForeachBatchStream
-    from plugin_framework.spark.batcher import ForeachBatchPlugin
-    from plugin_framework.spark.changes import local_rows
+    from plugin_framework.spark.changes.rows import local_rows
+    from plugin_framework.spark.foreachbatch.plugin import ForeachBatchPlugin
 
     work = Path(args.work)
     (work / "out").mkdir(exist_ok=True)

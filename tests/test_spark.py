@@ -31,11 +31,8 @@ from plugin_framework.spark import (
     read_state,
     split_tables,
 )
-from plugin_framework.spark.source import (
-    PgoutputDataSource,
-    PgoutputStreamReader,
-    SourceOptions,
-)
+from plugin_framework.spark.datasource.options import SourceOptions
+from plugin_framework.spark.datasource.reader import PgoutputDataSource, PgoutputStreamReader
 
 # Slow: it starts a Spark session (a JVM).
 # `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
@@ -501,7 +498,7 @@ def test_emitter_options_are_checked(tmp_path: Path) -> None:
 
 
 def test_source_options_are_checked() -> None:
-    from plugin_framework.spark.source import SourceOptionError
+    from plugin_framework.spark.datasource.options import SourceOptionError
 
     base = {"dsn": "", "slot": "s", "publication": "p"}
     with pytest.raises(SourceOptionError, match="never or initial, not 'always'"):
@@ -663,7 +660,7 @@ def test_a_batch_frame_is_made_in_the_jvm_only_when_something_reads_it(
     from pyspark.sql import DataFrame
 
     from plugin_framework.spark import ForeachBatchPlugin
-    from plugin_framework.spark.changes import local_rows
+    from plugin_framework.spark.changes.rows import local_rows
 
     kept: list[Any] = []
     made_by_sinks: list[bool] = []
@@ -735,7 +732,7 @@ def test_a_lazy_frame_is_made_once_whichever_threads_read_it(spark: Any) -> None
 
     import pyarrow as pa
 
-    from plugin_framework.spark.lazyframe import LazyFrame
+    from plugin_framework.spark.foreachbatch.lazyframe import LazyFrame
 
     table = pa.table({"x": list(range(5))})
     schema = spark.createDataFrame(table).schema
@@ -771,7 +768,7 @@ def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
         HistoryWriter,
         OtherQueryError,
     )
-    from plugin_framework.spark.delta import read_delta
+    from plugin_framework.spark.mirrors.deltatables import read_delta
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE t")
     slot = _slot(db, f"owner_{way}")
@@ -817,7 +814,7 @@ def test_a_new_query_into_a_target_of_another_is_refused_not_skipped(
 def test_the_first_batch_starts_every_table_whatever_its_row_limit(db: Any) -> None:
     """The TRUNCATE rows that start the snapshot's tables (start_tables) all go into the
     first batch, however few rows a batch may take, before the stream's changes."""
-    from plugin_framework.spark.source import decode_slot
+    from plugin_framework.spark.datasource.peek import decode_slot
 
     db.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); "
                "CREATE PUBLICATION p FOR TABLE a, b")

@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spark_fixtures import spark_session  # noqa: F401
 
-from plugin_framework.spark.arrowtyped import Decline, typed_net
-from plugin_framework.spark.netchange import NetChanges, net_schema
-from plugin_framework.spark.sinks import merge_state, net_frame, state_rows
-from plugin_framework.spark.tables import TableInfo
+from plugin_framework.spark.columns.arrowtyped import Decline, typed_net
+from plugin_framework.spark.columns.descriptions import TableInfo
+from plugin_framework.spark.mirrors.netchange import NetChanges, net_schema
+from plugin_framework.spark.mirrors.staterows import merge_state, state_rows
+from plugin_framework.spark.mirrors.typed import net_frame
 
 pytestmark = pytest.mark.slow
 
@@ -255,10 +256,11 @@ def test_typed_net_equals_spark_on_a_servers_stream(db: Any, spark: Any,
     key changes, deletes), in the walsender's time zone Europe/Amsterdam: each batch's net
     changes, and its history versions and ends, typed both ways are equal."""
     from plugin_framework.spark import ForeachBatchStream, HistoryWriter
-    from plugin_framework.spark.history import ends_arrow, history_changes, versions_arrow
-    from plugin_framework.spark.netchange import net_changes
-    from plugin_framework.spark.sinks import batch_rows, key_names
-    from plugin_framework.spark.tables import rows_info
+    from plugin_framework.spark.changes.rows import batch_rows
+    from plugin_framework.spark.columns.descriptions import rows_info
+    from plugin_framework.spark.mirrors.keys import key_names
+    from plugin_framework.spark.mirrors.netchange import net_changes
+    from plugin_framework.spark.mirrors.versions import ends_arrow, history_changes, versions_arrow
 
     db.execute(f"ALTER DATABASE {db.dbname} SET timezone = 'Europe/Amsterdam'")
     with db.connect(autocommit=True) as conn:

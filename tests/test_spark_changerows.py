@@ -1,4 +1,4 @@
-"""The Spark change builder's C fast path (plugin_framework/spark/native/_changerows.c)
+"""The Spark change builder's C fast path (plugin_framework/spark/changes/native/_changerows.c)
 appends exactly what ``ChangeBuilder.add_change`` appends for the decoded change, or declines
 and leaves the change to it.
 
@@ -37,8 +37,9 @@ from plugin_framework.protocol import (
     Update,
     encode,
 )
-from plugin_framework.spark.changes import ChangeBuilder, PlanCache
-from plugin_framework.spark.source import _Collector
+from plugin_framework.spark.changes.builder import ChangeBuilder
+from plugin_framework.spark.changes.plans import PlanCache
+from plugin_framework.spark.datasource.peek import _Collector
 
 LISTS = ("lsn", "seq", "op", "rel", "txn", "key_len", "key_k", "key_v", "before_len",
          "before_k", "before_v", "after_len", "after_k", "after_v", "before_json",
@@ -48,7 +49,7 @@ LISTS = ("lsn", "seq", "op", "rel", "txn", "key_len", "key_k", "key_v", "before_
 def test_the_fast_path_is_built() -> None:
     """`pip install` compiles it (gcc is on every machine here): without it, nothing below
     would test anything and the spark emitter would be slower."""
-    from plugin_framework.spark.native import _changerows
+    from plugin_framework.spark.changes.native import _changerows
 
     assert _changerows.ChangeRows is not None
 

@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from plugin_framework.spark.delta import DeltaTableWriter, read_delta
-from plugin_framework.spark.history import HistoryWriter
-from plugin_framework.spark.statefiles import StateFiles, TableStateWriter
-from plugin_framework.spark.tables import rows_info
+from plugin_framework.spark.columns.descriptions import rows_info
+from plugin_framework.spark.mirrors.delta import DeltaTableWriter
+from plugin_framework.spark.mirrors.deltatables import read_delta
+from plugin_framework.spark.mirrors.history import HistoryWriter
+from plugin_framework.spark.mirrors.parquet import TableStateWriter
+from plugin_framework.spark.mirrors.statefiles import StateFiles
 
 Columns = list[tuple[str, str]]
 Row = tuple[Any, ...]

@@ -29,8 +29,8 @@ from spark_fixtures import arrow_rows, spark_session, table_columns, table_rows 
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
-from plugin_framework.spark.mergeinto import target_name
-from plugin_framework.spark.schemas import SchemaChangeError
+from plugin_framework.spark.columns.descriptions import SchemaChangeError
+from plugin_framework.spark.mirrors.mergesql import target_name
 
 pytestmark = pytest.mark.slow
 
@@ -271,7 +271,7 @@ def change(table: str, op: str, spec: list[tuple[str, str, bool]], *,
 def batch(spark: Any, rows: list[dict[str, Any]]) -> Any:
     import pyarrow as pa
 
-    from plugin_framework.spark.changes import arrow_schema, change_schema
+    from plugin_framework.spark.changes.schema import arrow_schema, change_schema
 
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=arrow_schema()),
                                  change_schema())

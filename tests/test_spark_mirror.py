@@ -43,8 +43,8 @@ from plugin_framework.spark import (
     read_delta,
     split_tables,
 )
-from plugin_framework.spark.delta import delta_arrow
-from plugin_framework.spark.statefiles import StateFiles
+from plugin_framework.spark.mirrors.deltatables import delta_arrow
+from plugin_framework.spark.mirrors.statefiles import StateFiles
 
 pytestmark = pytest.mark.slow
 

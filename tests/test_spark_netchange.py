@@ -1,4 +1,4 @@
-"""The net change of a batch (plugin_framework/spark/netchange.py) and the description
+"""The net change of a batch (plugin_framework/spark/mirrors/netchange.py) and the description
 changes a mirror follows (schemas.py), on hand-made change rows: the cases where the server
 tests' random workloads may or may not land (tests/test_spark_mirror.py checks the whole
 against SELECT *)."""
@@ -13,8 +13,12 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from plugin_framework.spark.netchange import net_changes
-from plugin_framework.spark.schemas import SchemaChangeError, columns_map, describe_rows
+from plugin_framework.spark.columns.descriptions import (
+    SchemaChangeError,
+    columns_map,
+    describe_rows,
+)
+from plugin_framework.spark.mirrors.netchange import net_changes
 
 COLUMNS = [{"name": "id", "type": "integer"}, {"name": "v", "type": "text"},
            {"name": "big", "type": "text"}]
@@ -129,8 +133,8 @@ def table_rows(rows: list[dict[str, Any]]) -> Any:
     """Change rows as batch_rows gives them to the sinks: an Arrow table and its dicts."""
     import pyarrow as pa
 
-    from plugin_framework.spark.changes import arrow_schema
-    from plugin_framework.spark.netchange import NET_COLUMNS, TableRows
+    from plugin_framework.spark.changes.rows import NET_COLUMNS, TableRows
+    from plugin_framework.spark.changes.schema import arrow_schema
 
     full = arrow_schema()
     schema = pa.schema([full.field(n) for n in NET_COLUMNS])
@@ -171,7 +175,7 @@ def batches(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_simple_batches_net_column_wise_as_the_replay_does(rows: list[dict[str, Any]]) -> None:
-    from plugin_framework.spark.netchange import simple_net
+    from plugin_framework.spark.mirrors.netchange import simple_net
 
     fast = simple_net(table_rows(rows).arrow, ("id",))
     replayed = net_changes(rows, ("id",))
@@ -188,7 +192,7 @@ def test_simple_batches_net_column_wise_as_the_replay_does(rows: list[dict[str, 
 
 
 def test_simple_net_takes_the_batches_it_should() -> None:
-    from plugin_framework.spark.netchange import simple_net
+    from plugin_framework.spark.mirrors.netchange import simple_net
 
     simple = [change("INSERT", 0, after={"id": 1, "v": "a", "big": "T"}),
               change("UPDATE", 1, after={"id": 2, "v": "b", "big": "U"}),

@@ -49,9 +49,9 @@ from plugin_framework.spark import (
     read_delta,
     read_state,
 )
-from plugin_framework.spark.checkpoint import Checkpoint
-from plugin_framework.spark.source_snapshot import has_work
-from plugin_framework.spark.tables import rows_info
+from plugin_framework.spark.columns.descriptions import rows_info
+from plugin_framework.spark.datasource.snapshot import has_work
+from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -366,8 +366,8 @@ def test_stored_rows_of_a_batch_come_back_exactly(tmp_path: Path) -> None:
     import pyarrow as pa
 
     from plugin_framework import LSN
-    from plugin_framework.spark.changes import arrow_schema
-    from plugin_framework.spark.checkpoint import BatchRange
+    from plugin_framework.spark.changes.schema import arrow_schema
+    from plugin_framework.spark.foreachbatch.checkpoint import BatchRange
 
     schema = arrow_schema()
     table = pa.Table.from_pylist(
@@ -400,7 +400,7 @@ def source_offsets(checkpoint: Path) -> list[dict[str, Any]]:
 
 def source_query(spark: Any, db: Any, slot: str, checkpoint: Path, fn: Any,
                  **options: str) -> Any:
-    from plugin_framework.spark.source import PgoutputDataSource
+    from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
     spark.dataSource.register(PgoutputDataSource)
     reader = (spark.readStream.format("pgoutput").option("dsn", db.conninfo)
@@ -503,7 +503,7 @@ def test_source_snapshot_with_available_now_takes_the_whole_copy(db: Any, spark:
                        "DELETE FROM part WHERE id < 700")
     batches = tmp_path / "batches"
     batches.mkdir()
-    from plugin_framework.spark.source import PgoutputDataSource
+    from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
     spark.dataSource.register(PgoutputDataSource)
     (spark.readStream.format("pgoutput").option("dsn", db.conninfo).option("slot", "availnow")
@@ -542,7 +542,7 @@ def test_source_snapshot_starts_every_table_so_the_mirror_holds_exactly_the_copy
     for t in ("filled", "empty"):
         rows = [r for r in stale if r["table"] == t]
         writer.apply(None, rows, rows_info("public", t, rows), 0)
-    from plugin_framework.spark.source import PgoutputDataSource
+    from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
     spark.dataSource.register(PgoutputDataSource)
     seen: list[tuple[str, str]] = []

@@ -1,9 +1,9 @@
-"""TableStateWriter's files (plugin_framework/spark/statefiles.py): a batch rewrites only the
-files holding the keys it touches, a commit interrupted at any step of its file operations is
-finished or dropped, never half-applied, and a state written before manifests were kept is
-taken over. The server-driven random workloads (tests/test_spark_mirror.py,
-tests/test_spark_recovery.py) compare the state with SELECT *; these drive the writer with
-change rows made here, against a model of the table."""
+"""TableStateWriter's files (plugin_framework/spark/mirrors/parquet.py and statefiles.py): a
+batch rewrites only the files holding the keys it touches, a commit interrupted at any step
+of its file operations is finished or dropped, never half-applied, and a state written
+before manifests were kept is taken over. The server-driven random workloads
+(tests/test_spark_mirror.py, tests/test_spark_recovery.py) compare the state with SELECT *;
+these drive the writer with change rows made here, against a model of the table."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import pyarrow.fs as pafs
 import pytest
 from spark_fixtures import spark_session  # noqa: F401
 
-from plugin_framework.spark.statefiles import StateFiles, TableStateWriter
-from plugin_framework.spark.tables import rows_info
+from plugin_framework.spark.columns.descriptions import rows_info
+from plugin_framework.spark.mirrors.parquet import TableStateWriter
+from plugin_framework.spark.mirrors.statefiles import StateFiles
 
 COLUMNS = [{"name": "id", "type": "integer", "key": True},
            {"name": "v", "type": "text", "key": False},
@@ -427,8 +428,9 @@ def test_an_unknown_unchanged_toast_value_is_written_as_null_and_said_so(
     started without a snapshot) is written with that value NULL: the documented policy, and
     a warning per table and batch names the table, the rows and the column. A known value is
     carried forward without one."""
-    from plugin_framework.spark.delta import DeltaTableWriter, read_delta
-    from plugin_framework.spark.history import HistoryWriter
+    from plugin_framework.spark.mirrors.delta import DeltaTableWriter
+    from plugin_framework.spark.mirrors.deltatables import read_delta
+    from plugin_framework.spark.mirrors.history import HistoryWriter
 
     writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
               "history": HistoryWriter}[sink](str(tmp_path))
@@ -463,7 +465,7 @@ def test_an_unknown_unchanged_toast_value_is_written_as_null_and_said_so(
 def sink_rows(sink: str, path: Path) -> list[dict[str, Any]]:
     """The rows a sink ("state", "delta", "history": its current versions) holds of public.t
     at ``path``."""
-    from plugin_framework.spark.delta import read_delta
+    from plugin_framework.spark.mirrors.deltatables import read_delta
 
     if sink == "state":
         files = StateFiles.at(str(path), TABLE)
@@ -479,8 +481,8 @@ def test_an_unknown_unchanged_toast_value_is_said_so_in_a_batch_that_alters_the_
         sink: str, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The same policy where a batch redescribes the table (ADD COLUMN) and the sinks merge
     it in Spark (merge_state, the history's rewrite: fill_from)."""
-    from plugin_framework.spark.delta import DeltaTableWriter
-    from plugin_framework.spark.history import HistoryWriter
+    from plugin_framework.spark.mirrors.delta import DeltaTableWriter
+    from plugin_framework.spark.mirrors.history import HistoryWriter
 
     writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
               "history": HistoryWriter}[sink](str(tmp_path))
@@ -517,9 +519,9 @@ def test_a_retyped_column_is_converted_only_where_the_value_comes_back(
     the rewritten rows: the sinks convert the rows they hold themselves. They do so where
     Spark's cast of each value converts back to it; anything else is refused, naming the
     table, the column and a value, never a NULL or another number."""
-    from plugin_framework.spark.delta import DeltaTableWriter
-    from plugin_framework.spark.history import HistoryWriter
-    from plugin_framework.spark.schemas import SchemaChangeError
+    from plugin_framework.spark.columns.descriptions import SchemaChangeError
+    from plugin_framework.spark.mirrors.delta import DeltaTableWriter
+    from plugin_framework.spark.mirrors.history import HistoryWriter
 
     writer = {"state": TableStateWriter, "delta": DeltaTableWriter,
               "history": HistoryWriter}[sink](str(tmp_path))

@@ -322,7 +322,7 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ack held back), an initial copy under way, and a batch of snapshot rows begun (stored,
     with the snapshot's progress) that fn has not finished."""
     pa = pytest.importorskip("pyarrow")
-    from plugin_framework.spark.checkpoint import BatchRange, Checkpoint
+    from plugin_framework.spark.foreachbatch.checkpoint import BatchRange, Checkpoint
 
     directory = tmp_path_factory.mktemp("checkpoint")
     ck = Checkpoint(directory, "s")
@@ -338,7 +338,7 @@ def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def read_checkpoint(directory: Path) -> Any:
-    from plugin_framework.spark.checkpoint import Checkpoint, CheckpointError
+    from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint, CheckpointError
 
     def read() -> Any:
         ck = Checkpoint(directory, "s")
@@ -421,7 +421,7 @@ def test_a_checkpoint_whose_entries_do_not_agree_is_refused(
     else:
         edit("offsets/2", start="0/400")
     before = unchanged(copy)
-    from plugin_framework.spark.checkpoint import Checkpoint, CheckpointError
+    from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint, CheckpointError
 
     with pytest.raises(CheckpointError) as refused:
         Checkpoint(copy, "s")
@@ -440,8 +440,8 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("pyarrow")
     from test_spark_statefiles import Workload
 
-    from plugin_framework.spark.statefiles import TableStateWriter
-    from plugin_framework.spark.tables import rows_info
+    from plugin_framework.spark.mirrors.parquet import TableStateWriter
+    from plugin_framework.spark.columns.descriptions import rows_info
 
     directory = tmp_path_factory.mktemp("mirror")
     writer = TableStateWriter(str(directory), file_rows=20)
@@ -453,7 +453,7 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def read_manifest(directory: Path) -> Any:
-    from plugin_framework.spark.statefiles import StateFiles
+    from plugin_framework.spark.mirrors.statefiles import StateFiles
 
     return attempt(lambda: StateFiles.at(str(directory), "public.t").recover(),
                    StateFileError, "state-3.json")
@@ -598,7 +598,7 @@ def test_a_checkpoint_read_while_its_writer_goes_on_is_not_taken_for_damaged(
     import threading
 
     pa = pytest.importorskip("pyarrow")
-    from plugin_framework.spark.checkpoint import RETAIN, BatchRange, Checkpoint
+    from plugin_framework.spark.foreachbatch.checkpoint import RETAIN, BatchRange, Checkpoint
 
     writer = Checkpoint(tmp_path, "s")
     rows = pa.Table.from_pylist([{"id": i} for i in range(50)])

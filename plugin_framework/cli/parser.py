@@ -20,8 +20,8 @@ from plugin_framework.sources.session import SourceConfig
 # so that it can say which are in use.
 NATIVE_USERS = ("plugin_framework.protocol.tuples", "plugin_framework.framework.context",
                 "plugin_framework.rowfilter.raw", "plugin_framework.sources.snapshots.copy",
-                "plugin_framework.spark.changerows", "emitters.json.fast", "emitters.text.fast",
-                "emitters.wal2json.fast")
+                "plugin_framework.spark.changes.changerows", "emitters.json.fast",
+                "emitters.text.fast", "emitters.wal2json.fast")
 
 
 class VersionAction(argparse.Action):

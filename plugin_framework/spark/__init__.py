@@ -19,25 +19,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugin_framework.spark.batcher import (
+from plugin_framework.spark.changes.schema import (
+    CHANGE_COLUMNS,
+    arrow_schema,
+    change_schema,
+    lsn_text,
+)
+from plugin_framework.spark.columns.changefeed import change_feed
+from plugin_framework.spark.columns.descriptions import TableInfo, table_infos
+from plugin_framework.spark.columns.tables import split_tables
+from plugin_framework.spark.columns.types import spark_type
+from plugin_framework.spark.foreachbatch.batching import BatchFunction
+from plugin_framework.spark.foreachbatch.checkpoint import BatchRange, Checkpoint, CheckpointError
+from plugin_framework.spark.foreachbatch.output import MicroBatchOutput
+from plugin_framework.spark.foreachbatch.plugin import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DELAY,
     DEFAULT_MAX_ROWS,
-    BatchFunction,
     ForeachBatchPlugin,
-    MicroBatchOutput,
 )
-from plugin_framework.spark.changefeed import change_feed
-from plugin_framework.spark.changelog import ChangeLogWriter, OtherQueryError
-from plugin_framework.spark.changes import CHANGE_COLUMNS, arrow_schema, change_schema, lsn_text
-from plugin_framework.spark.checkpoint import BatchRange, Checkpoint, CheckpointError
-from plugin_framework.spark.delta import DeltaTableWriter, read_delta
-from plugin_framework.spark.history import HistoryWriter
-from plugin_framework.spark.mergeinto import MergeIntoWriter, merge_sql
-from plugin_framework.spark.sinks import state_path
-from plugin_framework.spark.statefiles import TableStateWriter, read_state
-from plugin_framework.spark.stream import ForeachBatchStream
-from plugin_framework.spark.tables import TableInfo, spark_type, split_tables, table_infos
+from plugin_framework.spark.foreachbatch.stream import ForeachBatchStream
+from plugin_framework.spark.mirrors.changelog import ChangeLogWriter
+from plugin_framework.spark.mirrors.delta import DeltaTableWriter
+from plugin_framework.spark.mirrors.deltatables import read_delta
+from plugin_framework.spark.mirrors.history import HistoryWriter
+from plugin_framework.spark.mirrors.mergeinto import MergeIntoWriter
+from plugin_framework.spark.mirrors.mergesql import merge_sql
+from plugin_framework.spark.mirrors.parquet import TableStateWriter, read_state
+from plugin_framework.spark.mirrors.queries import OtherQueryError
+from plugin_framework.spark.mirrors.template import state_path
 
 __all__ = [
     "CHANGE_COLUMNS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_DELAY", "DEFAULT_MAX_ROWS",
@@ -51,7 +61,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "PgoutputDataSource":  # imports pyspark.sql.datasource
-        from plugin_framework.spark.source import PgoutputDataSource
+        from plugin_framework.spark.datasource.reader import PgoutputDataSource
 
         return PgoutputDataSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@
  * the C mirror of the text converters that plugin_framework/pgtypes/converters.py marks in
  * NATIVE_KIND (each such converter's values, as orjson writes them), and a tuple as a JSON
  * object of them. The json emitter's fast path (emitters/json/native/_jsonrow.c) and the Spark change
- * builder's (plugin_framework/spark/native/_changerows.c) both include it, so a type has one
+ * builder's (plugin_framework/spark/changes/native/_changerows.c) both include it, so a type has one
  * definition of its JSON here as it has one converter in Python.
  *
  * A value outside the common forms of its type DEFERs to the column's Python converter and

@@ -1,0 +1,232 @@
+"""The batching half of ``ForeachBatchPlugin`` (plugin.py, whose callbacks fill the batch):
+the batch being filled, when it goes out (rows, bytes, age), its delivery to the sinks and
+``fn`` through the checkpoint, and how far the slot may then be acknowledged (what the
+plugin's Output, output.py, reports)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plugin_framework import LSN
+from plugin_framework.spark.changes.builder import ChangeBuilder
+from plugin_framework.spark.changes.rows import remember_rows
+from plugin_framework.spark.foreachbatch.checkpoint import BatchRange, Checkpoint
+
+__all__ = ["BatchFunction", "Current", "MicroBatcher"]
+
+log = logging.getLogger("pgdecode.spark")
+
+BatchFunction = Callable[[Any, int], Any]
+
+
+class Current:
+    """The transaction being received: where its rows go, and how to take them back."""
+
+    __slots__ = ("builder", "index", "mark", "snapshot")
+
+    def __init__(self, builder: ChangeBuilder, index: int, mark: Any, snapshot: bool) -> None:
+        self.builder = builder
+        self.index = index
+        self.mark = mark
+        self.snapshot = snapshot  # rows of a snapshot (not in the slot: stored with the batch)
+
+
+class MicroBatcher:
+    """What ``ForeachBatchPlugin`` batches with: its state is set by the plugin's
+    constructor and ``startup``."""
+
+    fn: BatchFunction | None
+    sinks: list[BatchFunction]
+    spark: Any
+    checkpoint_dir: str | None
+    max_rows: int
+    max_bytes: int
+    max_delay: float
+    batches: int  # delivered by this process
+    rows_delivered: int
+    last_batch: BatchRange | None
+    checkpoint: Checkpoint | None
+    batch: ChangeBuilder  # the batch being filled
+    replay: BatchRange | None  # the batch being delivered again
+    committed_end: LSN  # transactions ending at or before this were delivered
+    delivered: LSN  # what the slot may forget
+    marked: LSN
+    pending: dict[str, tuple[ChangeBuilder, int, LSN]]  # prepared transactions, by gid
+    _cur: Current | None  # the transaction being received
+    _ready: bool
+    _failed: bool
+    _schema: Any
+    _progress: dict[str, Any] | None
+    _noted_progress: dict[str, Any] | None  # said before the next snapshot rows
+    _batch_stored: bool
+    _batch_txns: int
+    _batch_end: LSN
+    _batch_since: float | None
+
+    def checkpoint_path(self, ctx: Any) -> str | None:
+        """Where the checkpoint is (the emitter reads it from its options)."""
+        return self.checkpoint_dir
+
+    def _checkpoint_of(self, ctx: Any) -> Checkpoint:
+        """The checkpoint, opened now if startup has not opened it yet (the source asks
+        about snapshots before it starts the plugins)."""
+        if self.checkpoint is None:
+            path = self.checkpoint_path(ctx)
+            if path is None:
+                raise ValueError("a checkpoint directory is required (option checkpoint=DIR)")
+            self.checkpoint = Checkpoint(path, None if ctx is None else ctx.slot_name)
+        return self.checkpoint
+
+    # --- delivery ---------------------------------------------------------------------------
+
+    def _deliver_stored(self, pending: BatchRange) -> None:
+        """Deliver again, from the checkpoint, a batch with snapshot rows that ``fn`` had not
+        finished (the slot cannot send those rows again). The slot is acknowledged no
+        further than before it: a prepared transaction undecided then is sent again."""
+        assert self.checkpoint is not None
+        table = self.checkpoint.stored_rows(pending)
+        self._call(pending, self._frame(table))
+        self._finished(pending, self.checkpoint.acked)
+        log.info("batch %d (%d rows, with snapshot rows) delivered again from the checkpoint",
+                 pending.batch_id, pending.rows)
+
+    def _frame(self, table: Any) -> Any:
+        """The batch's DataFrame (lazyframe.batch_frame), which remembers the rows it was
+        made of (local_rows): the sinks read the driver's Arrow table instead."""
+        from plugin_framework.spark.foreachbatch.lazyframe import batch_frame  # (pyspark)
+
+        df = batch_frame(self.spark, table, self._schema)
+        remember_rows(df, table)
+        return df
+
+    def _call(self, br: BatchRange, df: Any) -> None:
+        """``fn`` and the sinks, for one batch; nothing more is delivered by this process if
+        one of them fails."""
+        self._failed = True
+        assert self.checkpoint is not None
+        self._name_query(self.checkpoint.id)
+        try:
+            for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
+                fn(df, br.batch_id)
+        finally:
+            self._name_query(None)
+        self._failed = False
+
+    def _name_query(self, name: str | None) -> None:
+        """The batch ids are the checkpoint's: the sinks tell whose batches their target
+        holds by it (mirrors/queries.py), while fn and the sinks run (None: no longer)."""
+        with contextlib.suppress(Exception):  # (Spark Connect has no SparkContext)
+            self.spark.sparkContext.setLocalProperty("pgdecode.queryId", name)
+
+    def drain(self) -> None:
+        """Deliver the batch being filled now, whatever its size and age (at a stop)."""
+        if (self._ready and not self._failed and self._cur is None and self.replay is None
+                and self.batch.rows):
+            self._emit()
+            self.delivered = max(self.delivered, self.marked)
+
+    # --- batching ---------------------------------------------------------------------------
+
+    def _added(self, end: LSN) -> None:
+        self._batch_txns += 1
+        self._batch_end = end
+        if self._batch_since is None:
+            self._batch_since = time.monotonic()
+
+    def _after(self, end: LSN) -> None:
+        replay = self.replay
+        if replay is not None:
+            if end >= replay.end:
+                self._emit()
+            return
+        batch = self.batch
+        if batch.rows and (batch.rows >= self.max_rows or batch.nbytes >= self.max_bytes
+                           or self._due()):
+            self._emit()
+
+    def _due(self) -> bool:
+        since = self._batch_since
+        return since is not None and time.monotonic() - since >= self.max_delay
+
+    def _emit(self) -> None:
+        batch = self.batch
+        replay = self.replay
+        checkpoint = self.checkpoint
+        assert checkpoint is not None
+        if replay is not None:
+            if batch.rows != replay.rows or self._batch_end != replay.end:
+                log.warning("batch %d delivered again with %d rows up to %s; it had %d rows up "
+                            "to %s", replay.batch_id, batch.rows, self._batch_end, replay.rows,
+                            replay.end)
+            if not batch.rows:
+                # nothing of it came back (it cannot be rebuilt): record it finished as it was
+                checkpoint.commit(replay, self._durable(replay.end))
+                self.replay = None
+                self.committed_end = max(self.committed_end, replay.end)
+                return
+            # rebuilt from the stream: no snapshot rows (those batches are stored)
+            assert not self._batch_stored
+            br = BatchRange(replay.batch_id, replay.start, self._batch_end, batch.rows,
+                            self._batch_txns, replay.snapshot_progress)
+        else:
+            # (Progress without rows, an empty last chunk, goes with the next batch: read
+            # again after a restart, that chunk is empty again.)
+            if not batch.rows:
+                return
+            br = BatchRange(checkpoint.next_batch_id, self.committed_end,
+                            max(self._batch_end, self.committed_end), batch.rows,
+                            self._batch_txns, self._progress, self._batch_stored)
+        started = time.monotonic()
+        table = batch.to_arrow()
+        if replay is None:
+            checkpoint.begin(br, table if br.stored else None)
+        self._call(br, self._frame(table))
+        self.delivered = max(self.delivered, br.end)
+        self._finished(br, self._durable(br.end))
+        batch.clear()
+        self._batch_txns = 0
+        self._batch_since = None
+        self._batch_stored = False
+        log.debug("batch %d: %d rows of %d transactions, %s to %s, in %.2f s", br.batch_id,
+                 br.rows, br.transactions, br.start, br.end, time.monotonic() - started)
+
+    def _finished(self, br: BatchRange, ack: LSN) -> None:
+        """``fn`` returned for a batch: recorded in the checkpoint with ``ack``, how far the
+        slot may then be acknowledged."""
+        assert self.checkpoint is not None
+        self.checkpoint.commit(br, ack)
+        self.replay = None
+        self.committed_end = max(self.committed_end, br.end)
+        self.batches += 1
+        self.rows_delivered += br.rows
+        self.last_batch = br
+
+    def _durable(self, lsn: LSN) -> LSN:
+        """``lsn``, held back to the PREPARE of the oldest undecided prepared transaction
+        (the server must send it again, since only this process has its rows)."""
+        for _, _, prepare_lsn in self.pending.values():
+            lsn = min(lsn, prepare_lsn)
+        return lsn
+
+    # --- the output's side ------------------------------------------------------------------
+
+    def _on_mark(self, lsn: LSN) -> None:
+        if lsn > self.marked:
+            self.marked = lsn
+        if not self.batch.rows and self._cur is None and lsn > self.delivered:
+            self.delivered = lsn  # everything up to here is delivered or had no rows
+
+    def _on_flush(self) -> LSN:
+        if (self._ready and not self._failed and self._cur is None and self.replay is None
+                and self.batch.rows and self._due()):
+            self._emit()
+            if not self.batch.rows:
+                self.delivered = max(self.delivered, self.marked)
+        return self._durable(self.delivered)
+
+    def _on_close(self) -> None:
+        pass
