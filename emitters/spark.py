@@ -26,6 +26,9 @@ Options:
 - ``keys=JSON``: for those four, the primary keys of tables whose rows mark every column as
   the key (REPLICA IDENTITY FULL), as ``{"schema.table": ["column", ...]}`` (``[]``: no key;
   see ``TableSink``); ``pgdecode mirror`` reads them from the catalog;
+- ``no-reread=T1,T2``: tables those four do not read again from the source after an
+  ALTER TABLE whose values they cannot carry over exactly (``TableSink.reread``; for huge
+  tables: the documented policy applies to them instead, with a warning);
 - ``max-rows`` (10000), ``max-bytes`` (64 MB), ``max-delay`` (seconds, 5): a batch goes
   out when it reaches any of them (a transaction is never split); with ``max-delay``, use
   a ``--status-interval`` no longer than it, as the delay is checked at status updates too;
@@ -94,6 +97,10 @@ def _conf(text: str | None) -> dict[str, str]:
     return conf
 
 
+def _tables(text: str | None) -> list[str]:
+    return [t.strip() for t in _text(text).split(",") if t.strip()]
+
+
 def _keys(text: str | None) -> dict[str, list[str]]:
     try:
         keys = json.loads(_text(text))
@@ -117,6 +124,8 @@ OPTIONS = [
     Option("merge-staging", None, _text, "where merge-into stages a batch's net changes"),
     Option("merge-create", None, _text, "merge-into creates missing tables with this clause"),
     Option("keys", {}, _keys, "the state sinks' keys of REPLICA IDENTITY FULL tables (JSON)"),
+    Option("no-reread", [], _tables, "tables the state sinks do not read again after an ALTER "
+           "TABLE (comma-separated schema.table)"),
     Option("max-rows", DEFAULT_MAX_ROWS, _positive_int, "rows that close a batch"),
     Option("max-bytes", DEFAULT_MAX_BYTES, _positive_int, "bytes (estimated) that close a batch"),
     Option("max-delay", DEFAULT_MAX_DELAY, _seconds, "seconds after which a batch goes out"),
@@ -168,13 +177,13 @@ class SparkEmitter(ForeachBatchPlugin):
         sinks: list[BatchFunction] = []
         if opts["changelog-path"] is not None:
             sinks.append(ChangeLogWriter(opts["changelog-path"]))
-        keys = opts["keys"]
+        keys, no_reread = opts["keys"], opts["no-reread"]
         if opts["state-path"] is not None:
-            sinks.append(TableStateWriter(opts["state-path"], keys=keys))
+            sinks.append(TableStateWriter(opts["state-path"], keys=keys, no_reread=no_reread))
         if opts["delta-path"] is not None:
-            sinks.append(DeltaTableWriter(opts["delta-path"], keys=keys))
+            sinks.append(DeltaTableWriter(opts["delta-path"], keys=keys, no_reread=no_reread))
         if opts["history-path"] is not None:
-            sinks.append(HistoryWriter(opts["history-path"], keys=keys))
+            sinks.append(HistoryWriter(opts["history-path"], keys=keys, no_reread=no_reread))
         if opts["merge-into"] is not None:
             staging = opts["merge-staging"]
             if staging is None:
@@ -182,7 +191,7 @@ class SparkEmitter(ForeachBatchPlugin):
                     raise ValueError("merge-into needs merge-staging=DIR, or a checkpoint")
                 staging = os.path.join(self.checkpoint_dir, "merge-staging")
             sinks.append(MergeIntoWriter(opts["merge-into"], staging, keys=keys,
-                                         create=opts["merge-create"]))
+                                         no_reread=no_reread, create=opts["merge-create"]))
         elif opts["merge-staging"] is not None or opts["merge-create"] is not None:
             raise ValueError("merge-staging and merge-create go with merge-into=TARGET")
         self.sinks = sinks + self.sinks

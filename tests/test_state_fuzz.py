@@ -440,8 +440,8 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("pyarrow")
     from test_spark_statefiles import Workload
 
-    from plugin_framework.spark.mirrors.parquet import TableStateWriter
     from plugin_framework.spark.columns.descriptions import rows_info
+    from plugin_framework.spark.mirrors.parquet import TableStateWriter
 
     directory = tmp_path_factory.mktemp("mirror")
     writer = TableStateWriter(str(directory), file_rows=20)

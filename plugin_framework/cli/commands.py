@@ -232,6 +232,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
                                  max_delay=args.max_delay)
     if args.history:
         args.option.append(f"history-path={args.to.rstrip('/')}/_history")
+    if args.no_reread:
+        args.option.append("no-reread=" + ",".join(args.no_reread))
     if args.publication:  # (without one, the stream's checks say what is missing)
         args.option.append("keys=" + json.dumps(mirror_keys(args)))
     if args.create_slot:
@@ -384,8 +386,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.slot and not slots:
         raise SlotUnusable(f'replication slot "{args.slot}" does not exist: create it with '
                            f"`pgdecode slot create -S {args.slot} ...`")
+    mirror = None if args.mirror is None else mirror_status(args.mirror)
     if args.json:
-        print(json.dumps(slots, default=str, indent=2))
+        print(json.dumps(slots if mirror is None else {"slots": slots, "mirror": mirror},
+                         default=str, indent=2))
         return 0
 
     def size(n: int | None) -> str:
@@ -422,7 +426,36 @@ def cmd_status(args: argparse.Namespace) -> int:
                   "max_slot_wal_keep_size allows: it will be invalidated at the next "
                   "checkpoint unless its consumer catches up", file=sys.stderr)
     print_table(rows)
+    if mirror is not None:
+        consistent = mirror["consistent_lsn"]
+        print(f"mirror {args.mirror} (slot {mirror['slot']}, batch {mirror['batch']}): "
+              + (f"equal to the source as of {consistent}" if consistent is not None else
+                 "not known to equal the source (a snapshot under way, none taken, or rows "
+                 "being read again)"))
     return 0
+
+
+def mirror_status(path: str) -> dict[str, Any]:
+    """What the checkpoint of a mirror (``pgdecode mirror --to PATH``, or its --checkpoint
+    directory) says of it: the last batch and the LSN as of which the targets equal the
+    source (None: not known to)."""
+    from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint, CheckpointError
+
+    directory = os.path.join(path, "_pgdecode_checkpoint")
+    if not os.path.isdir(directory):
+        directory = path
+    if not os.path.isfile(os.path.join(directory, "metadata")):
+        raise UsageError(f"--mirror {path}: no mirror's checkpoint there (give the --to or "
+                         "the --checkpoint directory of pgdecode mirror)")
+    try:
+        checkpoint = Checkpoint(directory)
+    except CheckpointError as exc:
+        raise SourceError(str(exc)) from None
+    last = checkpoint.last_committed
+    return {"checkpoint": directory, "slot": checkpoint.slot,
+            "batch": None if last is None else last.batch_id,
+            "consistent_lsn": None if checkpoint.consistent is None
+            else str(checkpoint.consistent)}
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("parquet", "delta"), default="parquet",
                    help="parquet (default; each batch rewrites the files holding the keys it "
                         "touches) or delta (each batch merged; needs pgdecode[delta])")
+    p.add_argument("--no-reread", action="append", metavar="TABLE", default=None,
+                   help="do not read TABLE (schema.table) again after an ALTER TABLE the mirror "
+                        "cannot follow exactly (for huge tables; repeatable): added columns "
+                        "stay NULL in older rows until they change")
     p.add_argument("--history", action="store_true",
                    help="also keep every version of every row, as Delta tables at "
                         "DIR/_history/SCHEMA/TABLE (needs pgdecode[delta])")
@@ -224,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="the health of the database's logical slots")
     connection_args(p)
     p.add_argument("--json", action="store_true", help="JSON, for scripts")
+    p.add_argument("--mirror", metavar="DIR", help="also say whether the mirror at DIR (its "
+                   "--to or --checkpoint) equals the source, and as of which LSN")
 
     p = sub.add_parser("emitters", help="list installed emitters")
     p.add_argument("--emitter-allowlist", metavar="NAME,...")

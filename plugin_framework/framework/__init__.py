@@ -25,7 +25,12 @@ from plugin_framework.framework.outputs import (
     OutputError,
     OutputRecord,
 )
-from plugin_framework.framework.plugin import LoadedPlugin, OutputPlugin, PluginLoadError
+from plugin_framework.framework.plugin import (
+    LoadedPlugin,
+    OutputPlugin,
+    PluginLoadError,
+    PluginMetric,
+)
 from plugin_framework.framework.reorder import (
     DEFAULT_MEMORY_LIMIT,
     CallbackError,
@@ -49,6 +54,6 @@ __all__ = [
     "Action", "CallbackError", "Catalog", "CatalogError", "Change",
     "Column", "FileOutput", "LoadedPlugin", "LogicalDecodingContext", "MemoryOutput", "Output",
     "OutputError", "OutputPlugin", "OutputPluginOptions", "OutputRecord", "OutputType",
-    "Pipeline", "PipelineError", "PluginLoadError", "Relation", "Row", "Spool", "SpoolBudget",
-    "Transaction", "TruncateChange", "TupleData", "hookimpl",
+    "Pipeline", "PipelineError", "PluginLoadError", "PluginMetric", "Relation", "Row", "Spool",
+    "SpoolBudget", "Transaction", "TruncateChange", "TupleData", "hookimpl",
 ]

@@ -8,8 +8,8 @@ pluggy plugin manager of its own, validated, and resolved to plain callables for
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import pluggy
 
@@ -37,6 +37,23 @@ class OutputPlugin:
 
     #: The name used in error messages and ``pgdecode emitters``; defaults to the class name.
     name: str | None = None
+
+    def stream_metrics(self) -> Iterable[PluginMetric]:
+        """Optional, pgdecode's own: the plugin's figures among the stream's Prometheus
+        metrics (``--metrics-port``), read each time they are scraped (from another thread:
+        read, do not change). None by default."""
+        return ()
+
+
+class PluginMetric(NamedTuple):
+    """One sample of a plugin's metric: ``pgdecode_<name>``, of ``kind`` "counter" or
+    "gauge", with ``labels`` beside the stream's ``slot``."""
+
+    name: str
+    help: str
+    kind: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
 
 
 class PluginLoadError(Exception):

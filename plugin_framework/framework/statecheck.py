@@ -448,7 +448,10 @@ def read_checkpoint_commit(data: bytes, batch_id: int) -> dict[str, Any]:
     end = f.take("end", is_lsn)
     ack = f.get("ack", is_lsn, end)
     f.get("committed", is_time, None)
+    consistent = f.get("consistent", optional(is_lsn), None)
     f.close()
+    if consistent is not None and consistent > end:
+        raise Damage(f'its "consistent" {consistent} is past the end of its batch, {end}')
     if ack > end:
         raise Damage(f'its "ack" {ack} is past the end of its batch, {end}')
     return raw
@@ -514,6 +517,7 @@ def read_manifest(data: bytes, batch: int | None = None) -> dict[str, Any]:
     bounds = f.get("bounds", map_of(_file_bound), dict[str, Any]())
     f.get("bounded", optional(is_text), None)
     f.get("query", optional(is_text), None)
+    f.get("consistent", optional(is_count), None)
     f.close()
     stray = sorted(set(bounds) - set(files))
     if stray:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from plugin_framework.framework import OutputPlugin
 from plugin_framework.sources.monitor import NEAR_LIMIT, SlotMonitor
 
 __all__ = ["Families", "StreamCollector", "serve_collector", "serve_metrics"]
@@ -49,6 +50,23 @@ class Families:
         for (schema, table, op), n in sorted(delivered.copy().items()):
             metric.add_metric([self.slot, schema, table, op], n)
         return metric
+
+    def plugins(self, pipeline: Any) -> Iterator[Any]:
+        """The figures the pipeline's plugins give of themselves (``stream_metrics``)."""
+        families: dict[str, Any] = {}
+        for m in pipeline.members:
+            plugin = m.plugin.plugin
+            if not isinstance(plugin, OutputPlugin):
+                continue
+            for sample in plugin.stream_metrics():
+                family = families.get(sample.name)
+                if family is None:
+                    make = self._counter if sample.kind == "counter" else self._gauge
+                    family = families[sample.name] = make(
+                        f"pgdecode_{sample.name}", sample.help,
+                        labels=["slot", *(k for k, _ in sample.labels)])
+                family.add_metric([self.slot, *(v for _, v in sample.labels)], sample.value)
+        yield from families.values()
 
     def slot_health(self, monitor: SlotMonitor) -> Iterator[Any]:
         """What the SlotMonitor last read of the slot's row of pg_replication_slots."""
@@ -117,6 +135,7 @@ class StreamCollector:
         yield gauge("prepared_transactions", "prepared transactions held, awaiting their "
                     "outcome", pipeline.prepared_held)
         yield make.tables(pipeline.delivered)
+        yield from make.plugins(pipeline)
         snapshot = progress.snapshot
         if snapshot is not None:
             yield gauge("snapshot_tables", "tables the initial snapshot copies", snapshot.tables)

@@ -85,13 +85,19 @@ class SchemaChangeError(ValueError):
     pass
 
 
-def _step(table: str, old: Description, new: Description) -> dict[str, str | None]:
-    """Old column name -> new name (None: dropped) between two descriptions in a row."""
+def _step(table: str, old: Description, new: Description, guess: bool = True
+          ) -> dict[str, str | None]:
+    """Old column name -> new name (None: dropped) between two descriptions in a row. Not
+    ``guess``ing (the table is read again: template.py), a column that has another name
+    and type at its place is taken as dropped."""
     if len(old) != len(new):
         names = {name for name, _ in new}
         return {name: name if name in names else None for name, _ in old}
     out: dict[str, str | None] = {}
     for (n1, t1), (n2, t2) in zip(old, new, strict=True):
+        if n1 != n2 and t1 != t2 and not guess:
+            out[n1] = None
+            continue
         if n1 != n2 and t1 != t2:
             raise SchemaChangeError(
                 f"{table}: column {n1} ({t1}) is now {n2} ({t2}) at the same place, which "
@@ -102,14 +108,15 @@ def _step(table: str, old: Description, new: Description) -> dict[str, str | Non
     return out
 
 
-def columns_map(table: str, chain: Sequence[Description]) -> dict[str, str | None]:
+def columns_map(table: str, chain: Sequence[Description], guess: bool = True
+                ) -> dict[str, str | None]:
     """The first description's column names -> the last's (None: dropped), through each
     description in between."""
     mapping: dict[str, str | None] = {name: name for name, _ in chain[0]} if chain else {}
     for old, new in itertools.pairwise(chain):
         if old == new:
             continue
-        step = _step(table, old, new)
+        step = _step(table, old, new, guess)
         mapping = {first: None if now is None else step.get(now) for first, now in mapping.items()}
     return mapping
 
@@ -119,29 +126,48 @@ def description(columns: Any) -> Description:
     return tuple((c["name"], c["type"]) for c in columns or ())
 
 
-def describe_rows(table: str, rows: Sequence[dict[str, Any]], stored: Description | None
-                  ) -> tuple[Description, dict[str, str | None] | None]:
-    """Rename the columns of ``rows`` (one table's change rows of a batch, in order) to the
-    batch's newest description, in place; returns that description and the map of the
-    ``stored`` description's columns (the state's) to it (None: none stored)."""
+def described(rows: Sequence[dict[str, Any]], stored: Description | None
+              ) -> tuple[list[Description], list[Description]]:
+    """Each row's description (of one table's change rows of a batch, in order), and the
+    chain of descriptions from ``stored`` (if any) through each the rows have."""
     chain: list[Description] = [] if stored is None else [stored]
     if isinstance(rows, TableRows):  # each row's columns, converted once per distinct value
         converted: dict[int, Description] = {}
         for c in rows.columns:
             if id(c) not in converted:
                 converted[id(c)] = description(c)
-        described = [converted[id(c)] for c in rows.columns]
+        each = [converted[id(c)] for c in rows.columns]
     else:
-        described = [description(r["columns"]) for r in rows]
-    for d in described:
+        each = [description(r["columns"]) for r in rows]
+    for d in each:
         if not chain or chain[-1] != d:
             chain.append(d)
+    return each, chain
+
+
+def only_drops(chain: Sequence[Description]) -> bool:
+    """Whether each description of ``chain`` is the one before with columns dropped (what
+    the values a mirror holds carry over exactly)."""
+    for old, new in itertools.pairwise(chain):
+        kept = iter(old)
+        if not all(any(column == c for c in kept) for column in new):
+            return False
+    return True
+
+
+def describe_rows(table: str, rows: Sequence[dict[str, Any]], stored: Description | None,
+                  guess: bool = True) -> tuple[Description, dict[str, str | None] | None]:
+    """Rename the columns of ``rows`` (one table's change rows of a batch, in order) to the
+    batch's newest description, in place; returns that description and the map of the
+    ``stored`` description's columns (the state's) to it (None: none stored). ``guess``:
+    as ``_step``'s."""
+    each, chain = described(rows, stored)
     newest = chain[-1] if chain else ()
-    if any(d != newest for d in described):  # (TableRows are made dicts only here)
-        for row, d in zip(rows, described, strict=True):
+    if any(d != newest for d in each):  # (TableRows are made dicts only here)
+        for row, d in zip(rows, each, strict=True):
             if d != newest:
-                _rename(row, columns_map(table, chain[chain.index(d):]))
-    state_map = None if stored is None else columns_map(table, chain)
+                _rename(row, columns_map(table, chain[chain.index(d):], guess))
+    state_map = None if stored is None else columns_map(table, chain, guess)
     return newest, state_map
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugin_framework import LSN
+from plugin_framework.spark.changes.batch import BatchContext, KeyText, delivering
 from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.rows import remember_rows
 from plugin_framework.spark.foreachbatch.checkpoint import BatchRange, Checkpoint
@@ -66,6 +68,11 @@ class MicroBatcher:
     _batch_txns: int
     _batch_end: LSN
     _batch_since: float | None
+    _asked: bool  # a sink asked for rows again, or lacked a value, in the batch delivered
+    # the source's ctx.request_snapshot (None: it takes none; the sinks then do without)
+    _snapshot_requests: Callable[[str, Sequence[KeyText] | None], None] | None
+    consistent_lsn: int | None  # the targets equal the source as of this (last batch)
+    unknown_toast: Counter[str]  # rows written without their unchanged TOAST value, by table
 
     def checkpoint_path(self, ctx: Any) -> str | None:
         """Where the checkpoint is (the emitter reads it from its options)."""
@@ -104,17 +111,48 @@ class MicroBatcher:
         return df
 
     def _call(self, br: BatchRange, df: Any) -> None:
-        """``fn`` and the sinks, for one batch; nothing more is delivered by this process if
-        one of them fails."""
+        """``fn`` and the sinks, for one batch, with the batch's context (changes/batch.py);
+        nothing more is delivered by this process if one of them fails."""
         self._failed = True
         assert self.checkpoint is not None
         self._name_query(self.checkpoint.id)
+        self._asked = False
+        context = BatchContext(self._request_snapshot, self._consistent(br),
+                               self._note_unknown_toast)
         try:
-            for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
-                fn(df, br.batch_id)
+            with delivering(context):
+                for fn in [*self.sinks, *([self.fn] if self.fn is not None else [])]:
+                    fn(df, br.batch_id)
         finally:
             self._name_query(None)
         self._failed = False
+        self.consistent_lsn = None if self._asked or context.inexact \
+            else context.consistent_lsn
+
+    def _consistent(self, br: BatchRange) -> int | None:
+        """The LSN as of which the targets equal the source once the batch is in them: its
+        end, if the initial snapshot is complete and no snapshot is under way (the batch's
+        record, and what the source has said since); else None."""
+        assert self.checkpoint is not None
+        if self.checkpoint.snapshot_state != "done":
+            return None
+        for progress in (br.snapshot_progress, self._noted_progress):
+            if progress is not None and (progress.get("queue") or progress.get("table")):
+                return None
+        return int(br.end)
+
+    def _request_snapshot(self, table: str, keys: Sequence[KeyText] | None) -> None:
+        """A sink's request for rows read again: the source's (``ctx.request_snapshot``);
+        the batch is then not consistent."""
+        self._asked = True
+        request = self._snapshot_requests
+        if request is None:
+            raise RuntimeError("this stream's source takes no snapshot requests")
+        request(table, keys)
+
+    def _note_unknown_toast(self, table: str, rows: int) -> None:
+        self._asked = True  # (not consistent: written without a value it should have)
+        self.unknown_toast[table] += rows
 
     def _name_query(self, name: str | None) -> None:
         """The batch ids are the checkpoint's: the sinks tell whose batches their target
@@ -198,7 +236,8 @@ class MicroBatcher:
         """``fn`` returned for a batch: recorded in the checkpoint with ``ack``, how far the
         slot may then be acknowledged."""
         assert self.checkpoint is not None
-        self.checkpoint.commit(br, ack)
+        consistent = self.consistent_lsn
+        self.checkpoint.commit(br, ack, None if consistent is None else LSN(consistent))
         self.replay = None
         self.committed_end = max(self.committed_end, br.end)
         self.batches += 1

@@ -114,9 +114,12 @@ class Checkpoint:
         # which batches its ids number (the sinks tell a target's query by it); a checkpoint
         # made before ids has its creation time
         self.id = str(metadata.get("id") or metadata.get("created"))
+        self.slot: str | None = metadata.get("slot")  # the slot whose batches it logs
         self.last_committed: BatchRange | None = None
         self.pending: BatchRange | None = None
         self.acked = LSN(0)  # the ack recorded with the last committed batch
+        # the targets equal the source as of this, once the last committed batch is in them
+        self.consistent: LSN | None = None
         for again in reversed(range(10)):
             listed = (_ids(self.offsets), _ids(self.commits))
             try:
@@ -159,6 +162,8 @@ class Checkpoint:
             done = _read(self.commits / str(newest), check.read_checkpoint_commit, newest)
             self.last_committed = self._entry(newest)
             self.acked = LSN(done.get("ack", done["end"]))
+            consistent = done.get("consistent")
+            self.consistent = None if consistent is None else LSN(consistent)
         for directory, ids, read in ((self.offsets, offsets[:-1], check.read_checkpoint_offsets),
                                      (self.commits, commits[:-1], check.read_checkpoint_commit)):
             for i in ids:  # the older entries too
@@ -236,17 +241,21 @@ class Checkpoint:
             raise _damaged(path, f"it holds the rows of batch {batch.batch_id}, which must "
                            f"be delivered again, and cannot be read: {exc}") from None
 
-    def commit(self, batch: BatchRange, ack: LSN | None = None) -> None:
-        """Record that ``fn`` returned for a batch, and how far the slot may then be
-        acknowledged (``ack``: the batch's end, or less while a prepared transaction before it
-        is undecided)."""
+    def commit(self, batch: BatchRange, ack: LSN | None = None,
+               consistent: LSN | None = None) -> None:
+        """Record that ``fn`` returned for a batch, how far the slot may then be acknowledged
+        (``ack``: the batch's end, or less while a prepared transaction before it is
+        undecided), and as of which LSN its targets then equal the source (``consistent``;
+        None: not known to)."""
         ack = batch.end if ack is None else ack
         _write_atomic(self.commits / str(batch.batch_id), {
             "batch_id": batch.batch_id, "end": str(batch.end), "ack": str(ack),
             "committed": datetime.now(UTC).isoformat(),
+            "consistent": None if consistent is None else str(consistent),
         })
         self.last_committed = batch
         self.acked = ack
+        self.consistent = consistent
         self.pending = None
         if batch.stored:
             (self.data / f"{batch.batch_id}.arrow").unlink(missing_ok=True)

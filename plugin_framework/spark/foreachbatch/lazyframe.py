@@ -110,14 +110,12 @@ def quiet_large_tasks(spark: Any) -> None:
         core = jvm.org.apache.logging.log4j.core
         context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
         config = context.getConfiguration()
-        logger = config.getLoggerConfig(_TASKS_LOGGER)
-        if logger.getName() != _TASKS_LOGGER:  # its own config, its level its parent's
-            logger = core.config.LoggerConfig(_TASKS_LOGGER, None, True)
-            config.addLogger(_TASKS_LOGGER, logger)
-        elif _LARGE_TASK in str(logger.getFilter()):
+        # A filter of the whole configuration: a logger config of TaskSetManager's own would
+        # take it out of Spark's shell-level filter, and its INFO lines would show
+        if _LARGE_TASK in str(config.getFilter()):
             return
         result = getattr(core, "Filter$Result")
-        logger.addFilter(core.filter.RegexFilter.createFilter(
+        config.addFilter(core.filter.RegexFilter.createFilter(
             _LARGE_TASK, None, True, result.DENY, result.NEUTRAL))
         context.updateLoggers()
     except Exception as e:  # (a log4j 1 or custom logging setup): the warnings stay

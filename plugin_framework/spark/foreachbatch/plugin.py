@@ -22,11 +22,12 @@ Delivery is exactly-once for an idempotent ``fn``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from plugin_framework import LSN, OutputPlugin
-from plugin_framework.framework import OutputError
+from plugin_framework.framework import OutputError, PluginMetric
 from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.plans import PlanCache
 from plugin_framework.spark.changes.schema import change_schema
@@ -70,13 +71,33 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         self._failed = False
         self.checkpoint = None
         self._noted_progress = None
+        self._asked = False
+        self._snapshot_requests = None
+        self.consistent_lsn = None
+        self.unknown_toast = Counter()
+
+    def stream_metrics(self) -> Iterable[PluginMetric]:
+        """Whether the targets equal the source, and as of which LSN; rows written without
+        an unchanged TOAST value they lacked, by table."""
+        if self.consistent_lsn is not None:
+            yield PluginMetric("consistent_lsn", "the WAL position (bytes) as of which the "
+                               "batches' targets equal the source (absent while not known)",
+                               "gauge", (), self.consistent_lsn)
+        for table, rows in sorted(self.unknown_toast.copy().items()):
+            yield PluginMetric("unknown_toast", "rows a mirror wrote without an unchanged "
+                               "TOAST value it did not have (NULL until read again)",
+                               "counter", (("table", table),), rows)
 
     @property
     def status_note(self) -> str:
         """For the status line: the batches this process delivered, and the last one's id."""
         last = self.last_batch
+        unknown = sum(self.unknown_toast.values())
         return (f"{self.batches} batches ({self.rows_delivered} rows)"
-                + ("" if last is None else f", last {last.batch_id}"))
+                + ("" if last is None else f", last {last.batch_id}")
+                + ("" if self.consistent_lsn is None
+                   else f", consistent as of {LSN(self.consistent_lsn)}")
+                + (f", {unknown} rows without a TOAST value" if unknown else ""))
 
     def make_output(self) -> MicroBatchOutput:
         """The Output to give this plugin in ``Pipeline.add(..., output=...)``."""
@@ -105,11 +126,13 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         if self.max_rows < 1 or self.max_bytes < 1 or self.max_delay < 0:
             raise ValueError("max-rows and max-bytes must be positive, max-delay not negative")
         self.plans = PlanCache(ctx.catalog)
+        self._snapshot_requests = ctx.request_snapshot
         self.batch = ChangeBuilder(self.plans)
         checkpoint = self._checkpoint_of(ctx)
         pending = checkpoint.pending
         last = checkpoint.last_committed
         self.replay = pending
+        self.consistent_lsn = None if checkpoint.consistent is None else int(checkpoint.consistent)
         # how far the snapshot is whose rows the batches hold, with the batch being filled
         self._progress = checkpoint.snapshot_progress
         self._batch_stored = False  # the batch being filled has snapshot rows

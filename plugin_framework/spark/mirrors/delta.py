@@ -45,6 +45,7 @@ from plugin_framework.spark.columns.descriptions import Description, TableInfo
 from plugin_framework.spark.mirrors.deltatables import (
     APP,
     APP_ID,
+    CONSISTENT,
     DESCRIPTION,
     QUERY,
     delta_arrow,
@@ -82,7 +83,8 @@ class DeltaSink(TableSink):
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
-                 keys: Mapping[str, Sequence[str]] | None = None, app_id: str = APP_ID,
+                 keys: Mapping[str, Sequence[str]] | None = None,
+                 no_reread: Sequence[str] = (), app_id: str = APP_ID,
                  storage_options: dict[str, str] | None = None) -> None:
         """``keys``: as ``TableSink``'s; ``app_id``: the Delta application id the batch ids
         are recorded under (one per stream writing the tables); ``storage_options``:
@@ -92,7 +94,7 @@ class DeltaSink(TableSink):
         except ImportError:
             raise ImportError(f"{type(self).__name__} needs the deltalake package: "
                               "pip install 'pgdecode[delta]'") from None
-        super().__init__(path, tables, on_table, keys=keys)
+        super().__init__(path, tables, on_table, keys=keys, no_reread=no_reread)
         self.app_id = app_id
         self.storage_options = storage_options
 
@@ -145,6 +147,9 @@ class DeltaSink(TableSink):
         metadata = {DESCRIPTION: orjson.dumps(batch.description).decode(), APP: self.app_id}
         if self.query is not None:
             metadata[QUERY] = self.query
+        consistent = self.consistent_lsn(batch.info)
+        if consistent is not None:
+            metadata[CONSISTENT] = str(consistent)
         return CommitProperties(app_transactions=[Transaction(self.app_id, batch.batch_id)],
                                 custom_metadata=metadata)
 

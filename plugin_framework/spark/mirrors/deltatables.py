@@ -38,6 +38,8 @@ APP_ID = "pgdecode"
 DESCRIPTION = "pgdecode.description"
 QUERY = "pgdecode.query"  # the streaming query a commit's batch is of (queries.query_of)
 APP = "pgdecode.app"  # the app_id whose transaction version the commit set
+# the table equals the source's as of this WAL position (bytes; absent: not known to)
+CONSISTENT = "pgdecode.consistent_lsn"
 
 
 def read_delta(path: str, table: str, storage_options: dict[str, str] | None = None) -> Any:

@@ -91,7 +91,7 @@ class HistoryWriter(DeltaSink):
             versions = self._versions(spark, changes, info).toArrow()
             ends = self._ends(spark, changes, info).toArrow()
         if table is None:
-            self.replace(target, batch, no_fills(versions, info).drop_columns(
+            self.replace(target, batch, no_fills(versions, info, changes.versions).drop_columns(
                 ["_fill", *_origins(info)]))
             return
         if counted(info):
@@ -102,7 +102,8 @@ class HistoryWriter(DeltaSink):
             wanted = self.wanted_keys(versions, changes.fills, info)
             assert wanted is not None
             versions = fill_rows(versions, changes.fills, info,
-                                 self.rows_under(target, batch, wanted, versions))
+                                 self.rows_under(target, batch, wanted, versions),
+                                 changes.versions)
         names = [name for name, _, _ in info.columns] + [name for name, _ in VERSION_COLUMNS]
         versions = versions.drop_columns(["_fill", *_origins(info)])
         # every field nullable: the ends have no values of the versions' columns (Spark's
@@ -191,7 +192,8 @@ class HistoryWriter(DeltaSink):
 
         spark, info = batch.spark, batch.info
         existing = spark.createDataFrame(self.every_row(target))
-        base = conform(existing, info, batch.renamed, versions.schema, VERSION_COLUMNS)
+        base = conform(existing, info, batch.renamed, versions.schema, VERSION_COLUMNS,
+                       batch.reread)
         if counted(info):  # equal versions: ended in Arrow, as the MERGE's are
             import pyarrow as pa
 

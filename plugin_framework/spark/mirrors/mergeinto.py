@@ -64,7 +64,8 @@ class MergeIntoWriter(TableSink):
 
     def __init__(self, target: str, staging: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
-                 keys: Mapping[str, Sequence[str]] | None = None, create: str | None = None,
+                 keys: Mapping[str, Sequence[str]] | None = None,
+                 no_reread: Sequence[str] = (), create: str | None = None,
                  filesystem: pafs.FileSystem | None = None) -> None:
         import pyarrow.fs as pafs
 
@@ -76,7 +77,7 @@ class MergeIntoWriter(TableSink):
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"target {target!r}: only {{schema}} and {{table}} are replaced "
                              f"({exc!r})") from None
-        super().__init__(staging, tables, on_table, keys=keys)
+        super().__init__(staging, tables, on_table, keys=keys, no_reread=no_reread)
         self._targets: dict[str, str] = {}  # a target, case-folded -> the table it holds
         self.target = target
         self.create = create
@@ -192,10 +193,10 @@ class MergeIntoWriter(TableSink):
         net = net_of(rows, info)
         changes = net_arrow(spark, net, info)
         if net.truncated:
-            changes = no_fills(changes, info)
+            changes = no_fills(changes, info, net.table)
         elif net.fills:
             changes = fill_rows(changes, net.fills, info,
-                                _target_rows(spark, target, info, changes, net.fills))
+                                _target_rows(spark, target, info, changes, net.fills), net.table)
         meta = {"rows": fingerprint, "truncated": net.truncated}
         staged = _one_row_per_key(changes.select([*columns, *EXTRA, DELETED]),
                                   key_names(info)).replace_schema_metadata(

@@ -99,14 +99,15 @@ class TableStateWriter(TableSink):
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
-                 keys: Mapping[str, Sequence[str]] | None = None, file_rows: int = FILE_ROWS,
+                 keys: Mapping[str, Sequence[str]] | None = None,
+                 no_reread: Sequence[str] = (), file_rows: int = FILE_ROWS,
                  filesystem: pafs.FileSystem | None = None) -> None:
         """``keys``: as ``TableSink``'s; ``file_rows``: the most rows a file holds;
         ``filesystem``: a ``pyarrow.fs.FileSystem`` that ``path`` is on (default: by the
         path's scheme)."""
         if file_rows < 1:
             raise ValueError(f"file_rows must be at least 1, not {file_rows}")
-        super().__init__(path, tables, on_table, keys=keys)
+        super().__init__(path, tables, on_table, keys=keys, no_reread=no_reread)
         self.file_rows = file_rows
         self.filesystem = filesystem
 
@@ -198,6 +199,7 @@ class TableStateWriter(TableSink):
                                              SPARK_ROW_METADATA: spark_schema_json(info)})
         manifest.bounded = keys[0]
         manifest.query = self.query
+        manifest.consistent = self.consistent_lsn(info)
         count = max(1, math.ceil(rows.num_rows / self.file_rows))
         if rows.num_rows == 0 and manifest.files:
             count = 0  # other files hold the table's rows (and its schema)

@@ -47,11 +47,14 @@ class Manifest:
     bounds: dict[str, list[Any]] = field(default_factory=dict)
     bounded: str | None = None  # None: written before the manifest said (the first key)
     query: str | None = None  # the streaming query of the batch (None: not known)
+    # the state equals the source's table as of this WAL position (None: not known to)
+    consistent: int | None = None
 
     def dumps(self) -> bytes:
         return dump_state({"batch": self.batch, "files": self.files,
                            "description": self.description, "bounds": self.bounds,
-                           "bounded": self.bounded, "query": self.query}, ensure_ascii=False)
+                           "bounded": self.bounded, "query": self.query,
+                           "consistent": self.consistent}, ensure_ascii=False)
 
     def bounds_of(self, key: str) -> dict[str, list[Any]]:
         """The bounds, if they are of column ``key`` (a table's key can change: a primary
@@ -75,7 +78,8 @@ class Manifest:
         return cls(int(raw["batch"]), {str(k): int(v) for k, v in raw["files"].items()},
                    None if description is None else tuple((str(n), str(t))
                                                           for n, t in description),
-                   dict(raw.get("bounds") or {}), raw.get("bounded"), raw.get("query"))
+                   dict(raw.get("bounds") or {}), raw.get("bounded"), raw.get("query"),
+                   raw.get("consistent"))
 
 
 class StateFiles:

@@ -45,12 +45,13 @@ def state_rows(changes: pa.Table, info: TableInfo) -> pa.Table:
 
 
 def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | None,
-                renamed: dict[str, str | None] | None = None) -> Any:
+                renamed: dict[str, str | None] | None = None, lossy: bool = False) -> Any:
     """The table's state after a batch: ``existing`` (or nothing) with the batch's net
     changes (netchange.py) applied: the rows of the keys it touched replaced or removed,
     unchanged TOAST values taken from the existing rows they began with, the other rows as
     they were (their ``_commit_lsn`` included). ``renamed``: the existing columns' names in
-    the batch's description (columns/descriptions.py; None: the same names)."""
+    the batch's description (columns/descriptions.py; None: the same names); ``lossy``: as
+    ``conform``'s."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -64,7 +65,7 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
         rows = state_rows(typed, info)
         if existing is not None and not net.truncated:
             target = conform(existing, info, renamed, changes.schema,
-                             [("_commit_lsn", "bigint"), ("_lsn", "bigint")]
+                             [("_commit_lsn", "bigint"), ("_lsn", "bigint")], lossy
                              ).select(*out).toArrow()
             target = target.filter(staying(target, typed, info)).cast(rows.schema)
             rows = pa.concat_tables([target, rows])
@@ -73,7 +74,7 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
         return changes.filter(~F.col("_deleted")).select(*out)
 
     base = conform(existing, info, renamed, changes.schema,
-                   [("_commit_lsn", "bigint"), ("_lsn", "bigint")])
+                   [("_commit_lsn", "bigint"), ("_lsn", "bigint")], lossy)
     keys = key_names(info)
     touched = changes.select(*[column(k).alias(f"_t_{k}") for k in keys])
     kept = base.join(touched, same_keys(keys, "", "_t_"), "left_anti")
@@ -82,24 +83,26 @@ def merge_state(spark: Any, net: NetChanges, info: TableInfo, existing: Any | No
 
 
 def conform(existing: Any, info: TableInfo, renamed: dict[str, str | None] | None,
-            schema: Any, meta: Sequence[tuple[str, str]]) -> Any:
+            schema: Any, meta: Sequence[tuple[str, str]], lossy: bool = False) -> Any:
     """A target's rows under the batch's description (``info``): columns renamed
     (``renamed``, as for merge_state), cast to their type in ``schema`` (refused if a value
-    does not cast), added ones NULL; then the ``meta`` columns (name, Spark type) as they
-    were, NULL where the target has none."""
+    does not cast, unless ``lossy``: the table is read again, which gives each row the
+    server's value, and meanwhile such a value is NULL), added ones NULL; then the ``meta``
+    columns (name, Spark type) as they were, NULL where the target has none."""
     from pyspark.sql import functions as F
 
     names = [name for name, _, _ in info.columns]
     was = {n: n for n in names if n in existing.columns} if renamed is None else \
         {new: old for old, new in renamed.items() if new is not None}
     return existing.select(
-        *[_cast_column(existing, info.qualified_name, was[n], n, schema[n].dataType)
+        *[_cast_column(existing, info.qualified_name, was[n], n, schema[n].dataType, lossy)
           if n in was else F.lit(None).cast(schema[n].dataType).alias(n) for n in names],
         *[(column(m) if m in existing.columns else F.lit(None)).cast(t).alias(m)
           for m, t in meta])
 
 
-def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> Any:
+def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any,
+                 lossy: bool = False) -> Any:
     """An existing column under its new name and type.
 
     ALTER COLUMN ... TYPE rewrites the source table without decoding a row of it, so the
@@ -108,11 +111,18 @@ def _cast_column(existing: Any, table: str, old: str, new: str, dtype: Any) -> A
     (it rounds the numerics that Spark truncates, and parses text its own way), so such a
     change is refused, naming a value; so is one Spark has no cast for."""
     from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
 
     source = existing.schema[old].dataType
     value = column(old)
     if source == dtype:
         return value.alias(new)
+    if lossy:  # until the table's rows come again from the server
+        try:
+            existing.select(value.try_cast(dtype)).schema  # noqa: B018  (Spark checks it)
+        except AnalysisException:
+            return F.lit(None).cast(dtype).alias(new)
+        return value.try_cast(dtype).alias(new)
     try:
         back = value.try_cast(dtype).try_cast(source)
         lost = existing.filter(value.isNotNull() & ~back.eqNullSafe(value))

@@ -31,11 +31,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from plugin_framework.spark.changes.batch import batch_context
 from plugin_framework.spark.changes.rows import TableRows, batch_rows
 from plugin_framework.spark.columns.descriptions import (
     Description,
     TableInfo,
     describe_rows,
+    described,
+    only_drops,
     rows_info,
 )
 from plugin_framework.spark.mirrors.keys import counted, key_names
@@ -69,6 +72,9 @@ class TableBatch:
     description: Description  # the table's newest description in the batch
     renamed: dict[str, str | None] | None  # the stored description's columns -> its names
     redescribed: bool  # the target's rows are rewritten under it (an ALTER TABLE)
+    # the table is read again from the source (an ALTER TABLE whose values the target cannot
+    # carry over exactly): until then the rewrite may leave values NULL (``apply``)
+    reread: bool = False
 
 
 class TableSink:
@@ -79,18 +85,23 @@ class TableSink:
 
     def __init__(self, path: str, tables: Sequence[str] | None = None,
                  on_table: Callable[[str, int], None] | None = None, *,
-                 keys: Mapping[str, Sequence[str]] | None = None) -> None:
+                 keys: Mapping[str, Sequence[str]] | None = None,
+                 no_reread: Sequence[str] = ()) -> None:
         """``tables``: only these (``schema.table``); ``on_table(table, batch_id)`` is called
         after each table's new state is in place. ``keys``: the primary key of tables
         (``schema.table`` -> its columns; empty: the table has none) whose change rows mark
         every column as the key (REPLICA IDENTITY FULL; a key of every column): they are
         keyed by it, rather than held as a multiset of rows (``counted``). Other tables are
-        keyed by their replica identity, as the stream sends it."""
+        keyed by their replica identity, as the stream sends it. ``no_reread``: tables
+        (``schema.table``) not read again after an ALTER TABLE (huge ones): the documented
+        policy applies to them instead (``apply``)."""
         self.path = path
+        self.no_reread = {t if "." in t else f"public.{t}" for t in no_reread}
         self.tables = None if tables is None else set(tables)
         self.on_table = on_table
         self.keys = dict(keys or {})
         self._warned: set[str] = set()
+        self._warned_alter: set[str] = set()
         self.query: str | None = None  # the streaming query of the batch being applied
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -156,9 +167,48 @@ class TableSink:
             self.held_already(info.qualified_name, held[0], held[1], batch_id)
             return  # applied already
         stored = self.stored_description(target)
-        description, renamed = describe_rows(info.qualified_name, rows, stored)
+        reread = self.reread(info, rows, stored)
+        description, renamed = describe_rows(info.qualified_name, rows, stored, not reread)
         self.write(target, rows, TableBatch(spark, info, batch_id, description, renamed,
-                                            self.redescribed(target, stored, description)))
+                                            self.redescribed(target, stored, description),
+                                            reread))
+
+    def reread(self, info: TableInfo, rows: Sequence[dict[str, Any]],
+               stored: Description | None) -> bool:
+        """Whether the table is read again from the source, asked now (before the target
+        changes: the request is durable), because its description changed since the target
+        was written in a way the target's values cannot follow exactly: an added column
+        (it may have a default the stream never sent), a type change (the server converts
+        its own way), a rename or a drop and add at one place (pgoutput cannot tell them
+        apart). Only dropped columns carry over exactly. A table without a key, one in
+        ``no_reread``, or a stream that takes no requests (Spark's own foreachBatch) is
+        not read again: added columns stay NULL in older rows until they change, a rename
+        is guessed, a type change is cast where each value casts back exactly, else
+        refused; said once per table."""
+        if stored is None:
+            return False
+        _, chain = described(rows, stored)
+        if only_drops(chain):
+            return False
+        name = info.qualified_name
+        context = batch_context()
+        if context is not None:
+            context.inexact.add(name)
+        if context is None or context.request_snapshot is None or counted(info) \
+                or name in self.no_reread:
+            if name not in self._warned_alter:
+                self._warned_alter.add(name)
+                why = ("it has no key" if counted(info) else "it is in no_reread"
+                       if name in self.no_reread else "this stream cannot read tables again")
+                log.warning("%s: its description changed (ALTER TABLE) and the mirror is not "
+                            "read again (%s): columns added are NULL in older rows until they "
+                            "change, a rename is guessed by place and type (docs/spark.md, "
+                            "\"ALTER TABLE\")", name, why)
+            return False
+        log.info("%s: its description changed (ALTER TABLE): the table is read again from "
+                 "the source, so that the mirror holds the server's own values", name)
+        context.request_snapshot(name, None)
+        return True
 
     def write(self, target: Any, rows: Sequence[dict[str, Any]], batch: TableBatch) -> None:
         """The state's steps: the batch's net changes, typed; where the target has no rows
@@ -171,19 +221,21 @@ class TableSink:
         net = net_of(rows, info)
         if not self.holds_rows(target) or net.truncated:  # no rows before the batch's: its puts
             self.replace(target, batch,
-                         state_rows(no_fills(net_arrow(spark, net, info), info), info))
+                         state_rows(no_fills(net_arrow(spark, net, info), info, net.table),
+                                    info))
             return
         if batch.redescribed:  # ALTER TABLE: every row under the new description
             existing = spark.createDataFrame(self.every_row(target))
             self.replace(target, batch,
-                         merge_state(spark, net, info, existing, batch.renamed).toArrow())
+                         merge_state(spark, net, info, existing, batch.renamed,
+                                     batch.reread).toArrow())
             return
         changes = net_arrow(spark, net, info)
         wanted = self.wanted_keys(changes, net.fills, info)
         base = None if wanted is None else self.rows_under(target, batch, wanted, changes)
         if net.fills:
             assert base is not None
-            changes = fill_rows(changes, net.fills, info, base)
+            changes = fill_rows(changes, net.fills, info, base, net.table)
         self.merge(target, batch, changes, base)
 
     def wanted_keys(self, changes: pa.Table, fills: Sequence[str],
@@ -201,6 +253,13 @@ class TableSink:
             return None
         wanting = [i for i, fill in enumerate(changes.column("_fill").to_pylist()) if fill]
         return changes.column(f"_o_{first}").take(wanting)
+
+    def consistent_lsn(self, info: TableInfo) -> int | None:
+        """What a mirror records with its commit of the table: the WAL position as of which
+        the target then equals the source's table (changes/batch.py; None: not known to,
+        as under Spark's own foreachBatch)."""
+        context = batch_context()
+        return None if context is None else context.consistent_for(info.qualified_name)
 
     # --- the hooks: how a mirror reads what its target holds, and how it commits -------------
 
