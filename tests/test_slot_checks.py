@@ -1,9 +1,9 @@
 """The one check of a slot (sources/slots.py, ``usable_slot``) that every source and command
 runs before it uses one: a slot that is missing, physical, of another output plugin or of
 another database gets the same message from ``stream`` (both sources), ``capture``,
-``snapshot``, ``mirror`` and ``slot create --if-not-exists``, before anything is streamed or
-written; creating a slot says what it waits for. Run as the real command line against real
-servers."""
+``snapshot``, ``mirror``, ``slot create --if-not-exists`` and the Spark data source, before
+anything is streamed or written; creating a slot says what it waits for. Run as the real
+command line against real servers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from typing import Any
 
 import pytest
 from streamkit import query, run_cli, start_cli, stop_process, wait_for
+
+from plugin_framework.sources.errors import SourceError
+from plugin_framework.spark.datasource.options import SourceOptions
+from plugin_framework.spark.datasource.peek import slot_position
 
 pytestmark = pytest.mark.slow  # the command, in a process of its own
 
@@ -79,6 +83,12 @@ def test_every_command_refuses_a_slot_pgdecode_cannot_use_with_one_message(
             assert not (tmp_path / "out").exists(), name
             assert not (tmp_path / "out.cap").exists(), name
             assert not (tmp_path / "lake").exists() or name == "mirror", name
+        if kind != "missing":  # (the data source says how to create it its own way)
+            # the Spark data source, where it finds the slot (before a query plans anything)
+            with pytest.raises(SourceError) as refused:
+                slot_position(SourceOptions.parse({"dsn": db.conninfo, "slot": slot,
+                                                   "publication": "pub"}))
+            assert str(refused.value).startswith(says), str(refused.value)
     finally:
         where = db.cluster.conninfo("postgres") if kind == "other-database" else db.conninfo
         query(where, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "

@@ -21,7 +21,13 @@ from plugin_framework.sources.session import (
     highest_proto_version,
     pgoutput_options,
 )
-from plugin_framework.sources.slots import create_slot, list_slots
+from plugin_framework.sources.slots import (
+    check_usable,
+    create_slot,
+    list_slots,
+    lookup_slot,
+    sql_query,
+)
 from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
 from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.plans import PlanCache
@@ -122,12 +128,15 @@ def slot_position(opts: SourceOptions) -> LSN:
         conn.autocommit = True
         if opts.create_slot:
             create_slot(conn, opts.slot, two_phase=True, if_not_exists=True)
-        slots = list_slots(conn, opts.slot)
-        if not slots:
+        query = sql_query(conn)
+        found = lookup_slot(query, opts.slot, conn.info.server_version)
+        if found is None:
             raise SourceOptionError(
                 f'replication slot "{opts.slot}" does not exist: create it (pgdecode slot '
                 f'create -S {opts.slot} --two-phase) or set .option("createSlot", "true")')
-        return slots[0].confirmed_flush_lsn or LSN(0)
+        # a slot of another plugin or database, physical, in use or lost: one message each
+        info = check_usable(found, opts.slot, dbname=conn.info.dbname)
+        return info.confirmed_flush_lsn or LSN(0)
 
 
 def flush_position(opts: SourceOptions) -> LSN:
