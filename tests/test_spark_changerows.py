@@ -41,6 +41,8 @@ from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.plans import PlanCache
 from plugin_framework.spark.datasource.peek import _Collector
 
+pytestmark = pytest.mark.native
+
 LISTS = ("lsn", "seq", "op", "rel", "txn", "key_len", "key_k", "key_v", "before_len",
          "before_k", "before_v", "after_len", "after_k", "after_v", "before_json",
          "after_json", "toast")
