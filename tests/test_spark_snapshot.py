@@ -52,6 +52,8 @@ from plugin_framework.spark import (
 from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.datasource.snapshot import has_work
 from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint
+from plugin_framework.spark.mirrors.deltatables import CONSISTENT
+from plugin_framework.spark.mirrors.statefiles import StateFiles
 
 pytestmark = pytest.mark.slow
 
@@ -243,7 +245,8 @@ def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
         db: Any, spark: Any, tmp_path: Path, sink: str) -> None:
     """Each table's copy begins with a TRUNCATE row (``txn.snapshot_starts``), so that the
     mirrors hold exactly the copy: a table with no rows gets a state with its columns and
-    no row, and one with rows gets them once."""
+    no row, and one with rows gets them once. The batch with the copy's last rows is the
+    first the mirror equals the source as of: the checkpoint and the target say so."""
     query(db.conninfo, """
         CREATE TABLE filled (id int PRIMARY KEY, v text);
         INSERT INTO filled SELECT g, 'v' || g FROM generate_series(1, 300) g;
@@ -265,6 +268,21 @@ def test_the_initial_copy_gives_every_table_a_state_even_an_empty_one(
     assert ops.count(("filled", "SNAPSHOT")) == 300
     mirrors_equal(db, spark, sink, path, ["filled", "empty"])
     assert slot_row(db.conninfo, "both") is not None
+    done = Checkpoint(tmp_path / "ck")
+    assert done.snapshot_state == "done" and done.last_committed is not None
+    assert done.consistent == done.last_committed.end
+    # the target of the table the last batch wrote (the one copied last) says so too
+    markers = [target_consistent(sink, path, f"public.{t}") for t in ("filled", "empty")]
+    assert int(done.consistent) in markers, markers
+
+
+def target_consistent(sink: str, path: str, table: str) -> int | None:
+    """The LSN as of which a mirror's target of ``table`` says it equals the source."""
+    if sink == "parquet":
+        manifest = StateFiles.at(path, table).recover()
+        return None if manifest is None else manifest.consistent
+    marker = read_delta(path, table).history(1)[0].get(CONSISTENT)
+    return None if marker is None else int(marker)
 
 
 def mirrors_equal(db: Any, spark: Any, sink: str, path: str, tables: list[str]) -> None:

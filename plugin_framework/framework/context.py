@@ -87,8 +87,9 @@ class LogicalDecodingContext:
     # list of the key columns' values as the stream's text has them, in the key's order).
     # The request is durable (a message in the WAL the slot reads) and taken at once: a
     # consumer that holds a table's state asks so for what the stream cannot give it (a
-    # mirror after ALTER TABLE, or rows whose unchanged TOAST values it lacks).
-    request_snapshot: Callable[[str, Sequence[Sequence[str | None]] | None], None] | None = None
+    # mirror after ALTER TABLE, or rows whose unchanged TOAST values it lacks). Returns the
+    # LSN of the request's message: the rows come after the stream has passed it.
+    request_snapshot: Callable[[str, Sequence[Sequence[str | None]] | None], LSN] | None = None
     _prepared: bool = False
 
     def prepare_write(self, last_write: bool = True) -> None:

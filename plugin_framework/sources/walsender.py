@@ -437,16 +437,15 @@ class WalsenderSource:
         return incremental is not None and incremental.busy
 
     def _request_snapshot(self, table: str, keys: Sequence[Sequence[str | None]] | None
-                          ) -> None:
+                          ) -> LSN:
         """A plugin's request (``ctx.request_snapshot``): taken by the incremental snapshot
         of this stream, or, before it streams, left in the WAL for the stream to read."""
         incremental = self._incremental
         if incremental is not None:
-            incremental.ask(table, keys)
-            return
+            return incremental.ask(table, keys)
         try:
             with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
-                request_snapshot(conn, self.config.slot, table, keys)
+                return request_snapshot(conn, self.config.slot, table, keys)
         except psycopg.Error as exc:
             raise explain(exc, self.config.conninfo, self.config.slot) from None
 

@@ -490,7 +490,7 @@ class Pipeline(Streams, TwoPhase):
                 checkpoint()
 
     def take_snapshot_requests(
-            self, request: Callable[[str, Sequence[Sequence[str | None]] | None], None]) -> None:
+            self, request: Callable[[str, Sequence[Sequence[str | None]] | None], LSN]) -> None:
         """The source takes incremental snapshot requests: every plugin may make them
         (``ctx.request_snapshot``)."""
         for m in self.members:

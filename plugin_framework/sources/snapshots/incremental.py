@@ -155,15 +155,17 @@ class IncrementalSnapshot:
             self._queue(table)
             self._note_progress()
 
-    def ask(self, table: str, keys: Sequence[KeyText] | None = None) -> None:
+    def ask(self, table: str, keys: Sequence[KeyText] | None = None) -> LSN:
         """A request of this run's own (a mirror's): taken at once, and made durable as a
-        request message, which a restart before it is done reads again."""
+        request message, which a restart before it is done reads again. Returns the
+        message's LSN."""
         request_id = uuid.uuid4().hex
         self.handled.add(request_id)
-        request_snapshot(self._connection(), self.slot, table, keys, request_id)
+        lsn = request_snapshot(self._connection(), self.slot, table, keys, request_id)
         log.info("incremental snapshot of %s%s asked for", qualified_name(table),
                  "" if keys is None else f" ({len(keys)} rows)")
         self.request(table, None if keys is None else [key_from_text(k) for k in keys])
+        return lsn
 
     def _queue(self, table: str) -> None:
         self.queue.append(table)

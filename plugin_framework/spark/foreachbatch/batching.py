@@ -70,7 +70,10 @@ class MicroBatcher:
     _batch_since: float | None
     _asked: bool  # a sink asked for rows again, or lacked a value, in the batch delivered
     # the source's ctx.request_snapshot (None: it takes none; the sinks then do without)
-    _snapshot_requests: Callable[[str, Sequence[KeyText] | None], None] | None
+    _snapshot_requests: Callable[[str, Sequence[KeyText] | None], LSN] | None
+    # the newest of those requests (its message's LSN): batches up to it are not consistent
+    _reread: LSN | None
+    _completing_copy: bool  # the batch delivered holds the initial copy's last rows
     consistent_lsn: int | None  # the targets equal the source as of this (last batch)
     unknown_toast: Counter[str]  # rows written without their unchanged TOAST value, by table
 
@@ -131,11 +134,18 @@ class MicroBatcher:
 
     def _consistent(self, br: BatchRange) -> int | None:
         """The LSN as of which the targets equal the source once the batch is in them: its
-        end, if the initial snapshot is complete and no snapshot is under way (the batch's
-        record, and what the source has said since); else None."""
+        end, if the initial snapshot is complete (or completed by this batch: its rows are
+        the last, or its record has no table left) and no snapshot is under way (the
+        batch's record, and what the source has said since) or asked for in a request the
+        stream has not read yet; else None."""
         assert self.checkpoint is not None
-        if self.checkpoint.snapshot_state != "done":
+        state = self.checkpoint.snapshot_state
+        if state is None:
+            return None  # no copy taken: rows that were there before may be missing
+        if state != "done" and not self._completing_copy and br.snapshot_progress is None:
             return None
+        if self._reread is not None and br.end <= self._reread:
+            return None  # rows asked for again, before the stream has read the request
         for progress in (br.snapshot_progress, self._noted_progress):
             if progress is not None and (progress.get("queue") or progress.get("table")):
                 return None
@@ -148,7 +158,8 @@ class MicroBatcher:
         request = self._snapshot_requests
         if request is None:
             raise RuntimeError("this stream's source takes no snapshot requests")
-        request(table, keys)
+        lsn = request(table, keys)
+        self._reread = lsn if self._reread is None else max(self._reread, lsn)
 
     def _note_unknown_toast(self, table: str, rows: int) -> None:
         self._asked = True  # (not consistent: written without a value it should have)
@@ -160,11 +171,16 @@ class MicroBatcher:
         with contextlib.suppress(Exception):  # (Spark Connect has no SparkContext)
             self.spark.sparkContext.setLocalProperty("pgdecode.queryId", name)
 
-    def drain(self) -> None:
-        """Deliver the batch being filled now, whatever its size and age (at a stop)."""
+    def drain(self, completes_copy: bool = False) -> None:
+        """Deliver the batch being filled now, whatever its size and age (at a stop, or
+        with the last rows of the initial copy: ``completes_copy``)."""
         if (self._ready and not self._failed and self._cur is None and self.replay is None
                 and self.batch.rows):
-            self._emit()
+            self._completing_copy = completes_copy
+            try:
+                self._emit()
+            finally:
+                self._completing_copy = False
             self.delivered = max(self.delivered, self.marked)
 
     # --- batching ---------------------------------------------------------------------------
@@ -202,7 +218,7 @@ class MicroBatcher:
                             replay.end)
             if not batch.rows:
                 # nothing of it came back (it cannot be rebuilt): record it finished as it was
-                checkpoint.commit(replay, self._durable(replay.end))
+                checkpoint.commit(replay, self._durable(replay.end), None, self._reread)
                 self.replay = None
                 self.committed_end = max(self.committed_end, replay.end)
                 return
@@ -237,7 +253,8 @@ class MicroBatcher:
         slot may then be acknowledged."""
         assert self.checkpoint is not None
         consistent = self.consistent_lsn
-        self.checkpoint.commit(br, ack, None if consistent is None else LSN(consistent))
+        self.checkpoint.commit(br, ack, None if consistent is None else LSN(consistent),
+                               self._reread)
         self.replay = None
         self.committed_end = max(self.committed_end, br.end)
         self.batches += 1

@@ -120,6 +120,9 @@ class Checkpoint:
         self.acked = LSN(0)  # the ack recorded with the last committed batch
         # the targets equal the source as of this, once the last committed batch is in them
         self.consistent: LSN | None = None
+        # the newest request for rows read again that a batch made (the LSN of its message):
+        # no batch ending before the stream has read it is consistent, after a restart too
+        self.reread: LSN | None = None
         for again in reversed(range(10)):
             listed = (_ids(self.offsets), _ids(self.commits))
             try:
@@ -164,6 +167,8 @@ class Checkpoint:
             self.acked = LSN(done.get("ack", done["end"]))
             consistent = done.get("consistent")
             self.consistent = None if consistent is None else LSN(consistent)
+            reread = done.get("reread")
+            self.reread = None if reread is None else LSN(reread)
         for directory, ids, read in ((self.offsets, offsets[:-1], check.read_checkpoint_offsets),
                                      (self.commits, commits[:-1], check.read_checkpoint_commit)):
             for i in ids:  # the older entries too
@@ -242,20 +247,23 @@ class Checkpoint:
                            f"be delivered again, and cannot be read: {exc}") from None
 
     def commit(self, batch: BatchRange, ack: LSN | None = None,
-               consistent: LSN | None = None) -> None:
+               consistent: LSN | None = None, reread: LSN | None = None) -> None:
         """Record that ``fn`` returned for a batch, how far the slot may then be acknowledged
         (``ack``: the batch's end, or less while a prepared transaction before it is
-        undecided), and as of which LSN its targets then equal the source (``consistent``;
-        None: not known to)."""
+        undecided), as of which LSN its targets then equal the source (``consistent``;
+        None: not known to), and the newest request for rows read again made so far
+        (``reread``: its message's LSN)."""
         ack = batch.end if ack is None else ack
         _write_atomic(self.commits / str(batch.batch_id), {
             "batch_id": batch.batch_id, "end": str(batch.end), "ack": str(ack),
             "committed": datetime.now(UTC).isoformat(),
             "consistent": None if consistent is None else str(consistent),
+            "reread": None if reread is None else str(reread),
         })
         self.last_committed = batch
         self.acked = ack
         self.consistent = consistent
+        self.reread = reread
         self.pending = None
         if batch.stored:
             (self.data / f"{batch.batch_id}.arrow").unlink(missing_ok=True)

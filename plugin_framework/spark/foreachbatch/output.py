@@ -61,8 +61,9 @@ class MicroBatchOutput:
             checkpoint.set_snapshot_state("incremental")
 
     def end_snapshot(self) -> None:
-        """The copy is complete: its last rows are delivered now, then it is recorded done."""
-        self.plugin.drain()
+        """The copy is complete: its last rows are delivered now (their batch is the first
+        the targets may be consistent as of), then it is recorded done."""
+        self.plugin.drain(completes_copy=True)
         checkpoint = self.plugin._checkpoint_of(self._ctx)
         if checkpoint.snapshot_state is not None:
             checkpoint.set_snapshot_state("done")

@@ -73,6 +73,8 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         self._noted_progress = None
         self._asked = False
         self._snapshot_requests = None
+        self._reread = None
+        self._completing_copy = False
         self.consistent_lsn = None
         self.unknown_toast = Counter()
 
@@ -133,6 +135,7 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         last = checkpoint.last_committed
         self.replay = pending
         self.consistent_lsn = None if checkpoint.consistent is None else int(checkpoint.consistent)
+        self._reread = checkpoint.reread
         # how far the snapshot is whose rows the batches hold, with the batch being filled
         self._progress = checkpoint.snapshot_progress
         self._batch_stored = False  # the batch being filled has snapshot rows
