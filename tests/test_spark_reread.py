@@ -30,6 +30,7 @@ from streamkit import current_lsn, wait_for
 from test_spark_mirror import assert_chains
 
 from plugin_framework.sources.snapshots.initial import SnapshotUnfinished
+from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.spark import (
     Checkpoint,
     DeltaTableWriter,
@@ -193,3 +194,46 @@ def test_rows_whose_toast_value_a_mirror_lacks_are_read_again_and_counted(
     warnings = [r.getMessage() for r in caplog.records if "TOAST" in r.getMessage()]
     assert warnings and all("asked for again" in w and "snapshot" not in w
                             for w in warnings), warnings
+
+
+def test_a_table_left_out_of_reads_is_not_called_equal_until_it_is_read_again(
+        db: Any, spark: Any, tmp_path: Path) -> None:
+    """``no_reread``: after an ADD COLUMN ... DEFAULT the mirror keeps the documented policy
+    (older rows NULL in the new column), so it never says it equals the source, in later
+    batches or after a restart, however long the stream runs; a snapshot of the table asked
+    for (``pgdecode snapshot --table``) then makes it equal, and the checkpoint says so."""
+    db.execute("""
+        CREATE TABLE a (id int PRIMARY KEY, v int);
+        INSERT INTO a SELECT g, g FROM generate_series(1, 200) g;
+        CREATE TABLE other (id int PRIMARY KEY);
+        CREATE PUBLICATION p FOR TABLE a, other""")
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run(**extra: Any) -> None:
+        sinks = [TableStateWriter(str(tmp_path / "state"), no_reread=["public.a"]),
+                 DeltaTableWriter(str(tmp_path / "delta"), no_reread=["public.a"])]
+        ForeachBatchStream(spark, sinks=sinks, dsn=db.conninfo, slot=f"{db.dbname}_opt",
+                           publications=["p"], checkpoint=checkpoint,
+                           endpos=current_lsn(db.conninfo), **extra).run()
+
+    run(create_slot=True, snapshot="initial")
+    assert Checkpoint(checkpoint).consistent is not None  # the copy alone: equal
+    db.execute("ALTER TABLE a ADD COLUMN d int DEFAULT 42")
+    db.execute("UPDATE a SET v = -v WHERE id <= 10")
+    run()
+    db.execute("INSERT INTO other VALUES (1)")  # a later batch, not touching a
+    run()
+    later = Checkpoint(checkpoint)
+    assert later.consistent is None and later.inexact == {"public.a"}
+    mirrored = Counter(delta_rows(str(tmp_path / "delta"), "public.a", ["id", "v", "d"]))
+    assert mirrored != table_rows(db, "public.a")  # the policy: not the defaults
+
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:  # pgdecode snapshot --table
+        request_snapshot(conn, f"{db.dbname}_opt", "public.a")
+    run()
+    done = Checkpoint(checkpoint)
+    for got in (state_rows(None, str(tmp_path / "state"), "public.a", ["id", "v", "d"]),
+                delta_rows(str(tmp_path / "delta"), "public.a", ["id", "v", "d"])):
+        assert Counter(got) == table_rows(db, "public.a")
+    assert done.inexact == frozenset() and done.last_committed is not None
+    assert done.consistent == done.last_committed.end

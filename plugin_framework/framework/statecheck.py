@@ -450,6 +450,7 @@ def read_checkpoint_commit(data: bytes, batch_id: int) -> dict[str, Any]:
     f.get("committed", is_time, None)
     consistent = f.get("consistent", optional(is_lsn), None)
     f.get("reread", optional(is_lsn), None)
+    f.get("inexact", optional(list_of(is_text)), None)
     f.close()
     if consistent is not None and consistent > end:
         raise Damage(f'its "consistent" {consistent} is past the end of its batch, {end}')

@@ -74,6 +74,12 @@ class MicroBatcher:
     # the newest of those requests (its message's LSN): batches up to it are not consistent
     _reread: LSN | None
     _completing_copy: bool  # the batch delivered holds the initial copy's last rows
+    _requested: set[str]  # tables the sinks asked to read again, in the batch delivered
+    # tables written with values known not to be the source's and not asked for again (a
+    # policy: no_reread, no key): no batch is consistent until they are read again whole
+    _inexact: set[str]
+    _rereading: set[str]  # of those, the ones being read again now
+    _asked_here: LSN | None  # the newest request this run made
     consistent_lsn: int | None  # the targets equal the source as of this (last batch)
     unknown_toast: Counter[str]  # rows written without their unchanged TOAST value, by table
 
@@ -120,6 +126,7 @@ class MicroBatcher:
         assert self.checkpoint is not None
         self._name_query(self.checkpoint.id)
         self._asked = False
+        self._requested = set()
         context = BatchContext(self._request_snapshot, self._consistent(br),
                                self._note_unknown_toast)
         try:
@@ -129,7 +136,8 @@ class MicroBatcher:
         finally:
             self._name_query(None)
         self._failed = False
-        self.consistent_lsn = None if self._asked or context.inexact \
+        self._inexact |= context.inexact - self._requested
+        self.consistent_lsn = None if self._asked or context.inexact or self._inexact \
             else context.consistent_lsn
 
     def _consistent(self, br: BatchRange) -> int | None:
@@ -158,8 +166,22 @@ class MicroBatcher:
         request = self._snapshot_requests
         if request is None:
             raise RuntimeError("this stream's source takes no snapshot requests")
+        self._requested.add(table)
         lsn = request(table, keys)
+        self._asked_here = lsn  # (its read is in the progress the source notes)
         self._reread = lsn if self._reread is None else max(self._reread, lsn)
+
+    def _note_progress(self, state: dict[str, Any] | None) -> None:
+        """What the source says of its snapshots, before the rows it goes with: a table
+        written inexactly is exact again once it has been read again whole."""
+        self._noted_progress = state
+        if state is None:
+            return
+        under_way = {*state.get("queue", ()), *([state["table"]] if state.get("table") else [])}
+        self._rereading |= self._inexact & (under_way - set(state.get("keys_only", ())))
+        for table in self._rereading - under_way:
+            self._inexact.discard(table)
+            self._rereading.discard(table)
 
     def _note_unknown_toast(self, table: str, rows: int) -> None:
         self._asked = True  # (not consistent: written without a value it should have)
@@ -174,14 +196,36 @@ class MicroBatcher:
     def drain(self, completes_copy: bool = False) -> None:
         """Deliver the batch being filled now, whatever its size and age (at a stop, or
         with the last rows of the initial copy: ``completes_copy``)."""
-        if (self._ready and not self._failed and self._cur is None and self.replay is None
-                and self.batch.rows):
+        if not self._ready or self._failed or self._cur is not None or self.replay is not None:
+            return
+        if self.batch.rows:
             self._completing_copy = completes_copy
             try:
                 self._emit()
             finally:
                 self._completing_copy = False
             self.delivered = max(self.delivered, self.marked)
+        elif not completes_copy:
+            self._settle()
+
+    def _settle(self) -> None:
+        """At a stop with nothing left to deliver: if the last batch was not consistent only
+        because a copy or rows asked for were still to be read, and they are in the
+        targets now (a read whose last chunk has no rows makes no batch), the targets
+        equal the source as of its end."""
+        checkpoint = self.checkpoint
+        if checkpoint is None or checkpoint.last_committed is None \
+                or checkpoint.consistent is not None or checkpoint.snapshot_state != "done" \
+                or self._inexact:
+            return
+        if self._reread is not None and self._reread != self._asked_here \
+                and self._reread > self.marked:
+            return  # asked for by an earlier run, and not read again yet
+        progress = self._noted_progress
+        if progress is not None and (progress.get("queue") or progress.get("table")):
+            return
+        checkpoint.settle()
+        self.consistent_lsn = int(checkpoint.last_committed.end)
 
     # --- batching ---------------------------------------------------------------------------
 
@@ -218,7 +262,8 @@ class MicroBatcher:
                             replay.end)
             if not batch.rows:
                 # nothing of it came back (it cannot be rebuilt): record it finished as it was
-                checkpoint.commit(replay, self._durable(replay.end), None, self._reread)
+                checkpoint.commit(replay, self._durable(replay.end), None, self._reread,
+                                  frozenset(self._inexact))
                 self.replay = None
                 self.committed_end = max(self.committed_end, replay.end)
                 return
@@ -254,7 +299,7 @@ class MicroBatcher:
         assert self.checkpoint is not None
         consistent = self.consistent_lsn
         self.checkpoint.commit(br, ack, None if consistent is None else LSN(consistent),
-                               self._reread)
+                               self._reread, frozenset(self._inexact))
         self.replay = None
         self.committed_end = max(self.committed_end, br.end)
         self.batches += 1

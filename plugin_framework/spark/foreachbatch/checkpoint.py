@@ -123,6 +123,9 @@ class Checkpoint:
         # the newest request for rows read again that a batch made (the LSN of its message):
         # no batch ending before the stream has read it is consistent, after a restart too
         self.reread: LSN | None = None
+        # tables a batch wrote with values known not to be the source's, not read again
+        # since (a documented policy applied): no batch is consistent while there are any
+        self.inexact: frozenset[str] = frozenset()
         for again in reversed(range(10)):
             listed = (_ids(self.offsets), _ids(self.commits))
             try:
@@ -169,6 +172,7 @@ class Checkpoint:
             self.consistent = None if consistent is None else LSN(consistent)
             reread = done.get("reread")
             self.reread = None if reread is None else LSN(reread)
+            self.inexact = frozenset(done.get("inexact") or ())
         for directory, ids, read in ((self.offsets, offsets[:-1], check.read_checkpoint_offsets),
                                      (self.commits, commits[:-1], check.read_checkpoint_commit)):
             for i in ids:  # the older entries too
@@ -247,27 +251,39 @@ class Checkpoint:
                            f"be delivered again, and cannot be read: {exc}") from None
 
     def commit(self, batch: BatchRange, ack: LSN | None = None,
-               consistent: LSN | None = None, reread: LSN | None = None) -> None:
+               consistent: LSN | None = None, reread: LSN | None = None,
+               inexact: frozenset[str] = frozenset()) -> None:
         """Record that ``fn`` returned for a batch, how far the slot may then be acknowledged
         (``ack``: the batch's end, or less while a prepared transaction before it is
         undecided), as of which LSN its targets then equal the source (``consistent``;
-        None: not known to), and the newest request for rows read again made so far
-        (``reread``: its message's LSN)."""
+        None: not known to), the newest request for rows read again made so far
+        (``reread``: its message's LSN) and the tables written inexactly since
+        (``inexact``)."""
         ack = batch.end if ack is None else ack
         _write_atomic(self.commits / str(batch.batch_id), {
             "batch_id": batch.batch_id, "end": str(batch.end), "ack": str(ack),
             "committed": datetime.now(UTC).isoformat(),
             "consistent": None if consistent is None else str(consistent),
             "reread": None if reread is None else str(reread),
+            "inexact": sorted(inexact),
         })
         self.last_committed = batch
         self.acked = ack
         self.consistent = consistent
         self.reread = reread
+        self.inexact = inexact
         self.pending = None
         if batch.stored:
             (self.data / f"{batch.batch_id}.arrow").unlink(missing_ok=True)
         self._purge(batch.batch_id)
+
+    def settle(self) -> None:
+        """Record that the targets equal the source as of the end of the last committed
+        batch, known only after it (the rows it asked for read again, and nothing of
+        them or since to deliver)."""
+        last = self.last_committed
+        assert last is not None and self.pending is None
+        self.commit(last, self.acked, last.end, self.reread, self.inexact)
 
     def _purge(self, newest: int) -> None:
         for path in self.data.glob("*.arrow"):  # left by a crash between commit and unlink

@@ -52,7 +52,7 @@ class MicroBatchOutput:
     def note_incremental(self, state: dict[str, Any] | None) -> None:
         """Said before the snapshot rows it goes with; each batch records the progress of
         the last snapshot rows in it (so no ``snapshot_checkpoint`` is needed)."""
-        self.plugin._noted_progress = state
+        self.plugin._note_progress(state)
 
     def continue_snapshot(self) -> None:
         """The copy, cut short, goes on as an incremental snapshot: recorded so."""

@@ -75,6 +75,10 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         self._snapshot_requests = None
         self._reread = None
         self._completing_copy = False
+        self._requested = set()
+        self._inexact = set()
+        self._rereading = set()
+        self._asked_here = None
         self.consistent_lsn = None
         self.unknown_toast = Counter()
 
@@ -136,6 +140,7 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         self.replay = pending
         self.consistent_lsn = None if checkpoint.consistent is None else int(checkpoint.consistent)
         self._reread = checkpoint.reread
+        self._inexact = set(checkpoint.inexact)
         # how far the snapshot is whose rows the batches hold, with the batch being filled
         self._progress = checkpoint.snapshot_progress
         self._batch_stored = False  # the batch being filled has snapshot rows
