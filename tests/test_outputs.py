@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from scripted import StreamTwoPhaseRec, Wal, emitting, feed, ins, pipeline
 
 from plugin_framework import LSN, FileOutput
-from plugin_framework.framework import OutputError
-from plugin_framework.framework.outputs import new_record
+from plugin_framework.framework import MemoryOutput, OutputError
+from plugin_framework.framework.outputs import OutputRecord, new_record
+from plugin_framework.sources.errors import SourceError
+from plugin_framework.sources.snapshots.ledger import check_snapshot_outputs
 
 
 def written(path: Path, lines: int) -> dict[str, object]:
@@ -171,3 +174,49 @@ def test_a_copy_begun_again_takes_back_its_record_with_its_rows(tmp_path: Path) 
     assert resumed.resume_incremental is None and resumed.snapshot_state == "copying"
     resumed.close()
     out.close()
+
+
+class OnlyRequired:
+    """An Output with the protocol's required members only: none of the optional
+    capabilities (outputs.Rewinding, Resuming, RecordingSnapshots, Batching, WritingMany)."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.durable_lsn = LSN(0)
+        self._marked = LSN(0)
+
+    def write(self, record: OutputRecord) -> None:
+        self.records.append(record.data)
+
+    def mark(self, lsn: LSN) -> None:
+        self._marked = max(self._marked, lsn)
+
+    def flush(self) -> LSN:
+        self.durable_lsn = self._marked
+        return self.durable_lsn
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_output_without_optional_capabilities_takes_every_kind_of_transaction() -> None:
+    """Ordinary, streamed and prepared transactions reach an output that has none of the
+    optional capabilities, line for line as they reach a MemoryOutput, and it is
+    acknowledged to the end; --snapshot is refused for it (it cannot record an unfinished
+    copy)."""
+    wal = Wal()
+    wal.table("t", "id")
+    wal.txn(1200, ins("t", "1"))
+    wal.block(1210, ins("t", "2"))
+    wal.block(1210, ins("t", "3"))
+    wal.stream_commit(1210)
+    wal.prepared(1220, "g", ins("t", "4"))
+    end, _ = wal.commit_prepared(1220, "g")
+    plain = OnlyRequired()
+    p, [reference, _] = pipeline(emitting(StreamTwoPhaseRec)(), emitting(StreamTwoPhaseRec)(),
+                                 outputs=[MemoryOutput(), plain])
+    feed(p, wal.items)
+    assert [r.data for r in reference.records] == plain.records and plain.records
+    assert p.flush() >= end
+    with pytest.raises(SourceError, match="cannot record a copy"):
+        check_snapshot_outputs(p)

@@ -1,10 +1,6 @@
-"""Where a plugin's output records go, and how far they are durable: the ``Output``
-protocol, ``MemoryOutput`` for tests, and ``FileOutput``, durable file I/O that survives a
-crash and resumes where it was.
-
-In PostgreSQL, OutputPluginWrite hands the ``out`` buffer to the walsender (or to the SQL
-function's tuplestore); here each write is an ``OutputRecord`` handed to the plugin's Output.
-"""
+"""The outputs: ``MemoryOutput`` for tests, and ``FileOutput``, durable file I/O that
+survives a crash and resumes where it was. The ``Output`` protocol, its records and the
+optional capabilities are in framework/output_protocol.py (imported from here too)."""
 
 from __future__ import annotations
 
@@ -13,13 +9,24 @@ import fcntl
 import os
 import stat
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn, Protocol
+from typing import IO, Any, NoReturn
 
-from plugin_framework._frozen import frozen_setters, new_object
 from plugin_framework.framework.durable import NO_FSYNC, replace_durably
 from plugin_framework.framework.hold import HoldStore
+from plugin_framework.framework.output_protocol import (
+    Batching,
+    Output,
+    OutputError,
+    OutputRecord,
+    RecordingSnapshots,
+    Resuming,
+    Rewinding,
+    WritingMany,
+    capable,
+    new_record,
+    write_many,
+)
 from plugin_framework.framework.statecheck import (
     Damage,
     Progress,
@@ -29,45 +36,11 @@ from plugin_framework.framework.statecheck import (
 )
 from plugin_framework.protocol import LSN
 
-
-@dataclass(frozen=True, slots=True)
-class OutputRecord:
-    """One write of a plugin: the LSN and xid it belongs to, and its bytes."""
-
-    lsn: LSN
-    xid: int | None
-    data: bytes
-
-
-# A record is made for every line a plugin writes, by setting its slots (see _frozen.py).
-_SET_LSN, _SET_XID, _SET_DATA = frozen_setters(OutputRecord, "lsn", "xid", "data")
-
-
-def new_record(lsn: LSN, xid: int | None, data: bytes) -> OutputRecord:
-    """``OutputRecord(lsn, xid, data)``, faster (one is made for every line written)."""
-    record: OutputRecord = new_object(OutputRecord)
-    _SET_LSN(record, lsn)
-    _SET_XID(record, xid)
-    _SET_DATA(record, data)
-    return record
-
-
-def write_many(output: Output, lsn: LSN | list[LSN], xid: int | None,
-               datas: list[bytes]) -> None:
-    """A record of each of ``datas`` at ``lsn`` (or at its own of a list of LSNs, at the same
-    index) and ``xid``, in order: in one call where the output has ``write_many``, else one
-    ``write`` each."""
-    many = getattr(output, "write_many", None)
-    if many is not None:
-        many(lsn, xid, datas)
-        return
-    write = output.write
-    if isinstance(lsn, list):
-        for at, data in zip(lsn, datas, strict=True):
-            write(new_record(at, xid, data))
-        return
-    for data in datas:
-        write(new_record(lsn, xid, data))
+__all__ = [
+    "Batching", "FileOutput", "MemoryOutput", "Output", "OutputError", "OutputRecord",
+    "RecordingSnapshots", "Resuming", "Rewinding", "WritingMany", "capable", "new_record",
+    "write_many",
+]
 
 
 def _delivered(two_phase: bool) -> str:
@@ -78,36 +51,7 @@ def _delivered(two_phase: bool) -> str:
 _BUFFER = 1 << 20  # FileOutput's write buffer for regular files
 
 
-class OutputError(Exception):
-    """A plugin wrote outside a callback or wrote data its output type does not allow."""
-
-
-class Output(Protocol):
-    """Where a plugin's records go, and how far they are durable."""
-
-    durable_lsn: LSN
-
-    def write(self, record: OutputRecord) -> None: ...
-
-    def mark(self, lsn: LSN) -> None:
-        """Everything the plugin will ever write for WAL before ``lsn`` has been written."""
-
-    def flush(self) -> LSN:
-        """Make everything marked durable; return the new ``durable_lsn``."""
-
-    def close(self) -> None: ...
-
-    # Optional: an output that has these can take back the output of a transaction cut
-    # short by a lost connection (the server sends it again from its start).
-    #   def savepoint(self) -> object: where the output is now
-    #   def rollback_to(self, savepoint: object) -> None: drop everything written since
-    # Optional: many records of one xid in one call (write_many below calls it), at one LSN
-    # or at each one's (a list of LSNs, at the same index as the records).
-    #   def write_many(self, lsn: LSN | list[LSN], xid: int | None,
-    #                  datas: list[bytes]) -> None
-
-
-class MemoryOutput:
+class MemoryOutput(Rewinding):
     """Keeps records in a list: for tests, and for plugins that deliver elsewhere."""
 
     def __init__(self) -> None:
@@ -139,7 +83,7 @@ class MemoryOutput:
         return [r.data.decode() for r in self.records]
 
 
-class FileOutput:
+class FileOutput(Rewinding, WritingMany, Resuming, RecordingSnapshots):
     """Writes each record followed by a newline (as pg_recvlogical does) to a file or stdout.
 
     ``flush`` fsyncs regular files, so that what is reported durable survives a crash; a pipe
@@ -156,6 +100,10 @@ class FileOutput:
     checked the slot, or the first write), so that a run refused before streaming leaves it
     as it was. A failed fsync stops the output for good: nothing is made durable after it.
     """
+
+    # plain attributes, where RecordingSnapshots declares read-only properties
+    snapshot_state: str | None = None
+    resume_incremental: dict[str, Any] | None = None
 
     def __init__(self, target: str | os.PathLike[str] | IO[bytes] = "-") -> None:
         self.resume_lsn = LSN(0)

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
+from plugin_framework.framework.outputs import Resuming, capable
 from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
 from plugin_framework.protocol import LSN
 from plugin_framework.sources.errors import ConnectionLost, SourceError
@@ -266,9 +267,8 @@ def start_pipeline(pipeline: Pipeline, proto: int, server_version: int, is_init:
     try:
         if server_lsn is not None:
             for m in pipeline.members:
-                check = getattr(m.ctx.output, "check_resume", None)
-                if check is not None:
-                    check(server_lsn)
+                if capable(m.ctx.output, Resuming):
+                    m.ctx.output.check_resume(server_lsn)
         pipeline.startup(is_init=is_init)
     except BaseException:
         if is_init:

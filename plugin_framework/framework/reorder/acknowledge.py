@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from plugin_framework.framework.outputs import Batching, Resuming, capable
 from plugin_framework.framework.reorder.buffer import CHANGE_OPS, ReorderBufferState
 from plugin_framework.framework.reorder.txn import TxnState
 from plugin_framework.protocol import LSN
@@ -27,9 +28,8 @@ class Acknowledgement(ReorderBufferState):
     def drain(self) -> None:
         """Ask outputs that batch (the Spark emitter's) to deliver what they hold now."""
         for m in self.members:
-            drain = getattr(m.ctx.output, "drain", None)
-            if callable(drain):
-                drain()
+            if capable(m.ctx.output, Batching):
+                m.ctx.output.drain()
 
     def safe_lsn(self) -> LSN:
         durable = min((m.ctx.output.durable_lsn for m in self.members), default=self._position)
@@ -82,9 +82,8 @@ class Acknowledgement(ReorderBufferState):
             self._position = lsn
         for i in members:
             output = self.members[i].ctx.output
-            note = getattr(output, "note_open_streams", None)
-            if note is not None:
-                note(self._open_streams(i))
+            if capable(output, Resuming):
+                output.note_open_streams(self._open_streams(i))
             output.mark(lsn)
             if lsn > done[i]:
                 done[i] = lsn

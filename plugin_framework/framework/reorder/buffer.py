@@ -23,6 +23,7 @@ from plugin_framework.framework.model import (
     TruncateChange,
     new_change,
 )
+from plugin_framework.framework.outputs import Rewinding, capable
 from plugin_framework.framework.reorder.members import Member
 from plugin_framework.framework.reorder.txn import FastWriter, PipelineError, TxnState
 from plugin_framework.framework.spool import SpoolBudget
@@ -229,10 +230,8 @@ class ReorderBufferState:
 
     def _savepoint(self, state: TxnState, i: int) -> None:
         output = self.members[i].ctx.output
-        savepoint = getattr(output, "savepoint", None)
-        rollback_to = getattr(output, "rollback_to", None)
-        if savepoint is not None and rollback_to is not None:
-            state.rollbacks.append(partial(rollback_to, savepoint()))
+        if capable(output, Rewinding):
+            state.rollbacks.append(partial(output.rollback_to, output.savepoint()))
 
     def _close(self, state: TxnState) -> None:
         """Release the transaction's spools."""

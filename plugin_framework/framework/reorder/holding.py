@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from plugin_framework.framework.hold import STREAM, WHOLE, HeldTransaction, HoldStore
 from plugin_framework.framework.model import Relation, Transaction
+from plugin_framework.framework.outputs import Resuming, capable
 from plugin_framework.framework.reorder.acknowledge import Acknowledgement
 from plugin_framework.framework.reorder.txn import Block, PipelineError, TxnState
 from plugin_framework.framework.spool import Entry, Spool
@@ -35,8 +36,8 @@ class Holding(Acknowledgement):
     """Storing, restoring and releasing held prepared transactions."""
 
     def _hold_of(self, i: int) -> HoldStore | None:
-        hold = getattr(self.members[i].ctx.output, "hold", None)
-        return hold if isinstance(hold, HoldStore) else None
+        output = self.members[i].ctx.output
+        return output.hold if capable(output, Resuming) else None
 
     def _store_held(self, state: TxnState, prepare_end: LSN) -> None:
         """At PREPARE: write an entry for each waiting member whose output can hold one

@@ -28,7 +28,14 @@ from typing import Any
 
 from plugin_framework.framework.context import LogicalDecodingContext
 from plugin_framework.framework.model import Relation, Transaction
-from plugin_framework.framework.outputs import FileOutput, Output
+from plugin_framework.framework.outputs import (
+    Batching,
+    FileOutput,
+    Output,
+    RecordingSnapshots,
+    Resuming,
+    capable,
+)
 from plugin_framework.framework.plugin import LoadedPlugin
 from plugin_framework.framework.reorder.buffer import (
     DEFAULT_MEMORY_LIMIT,
@@ -121,9 +128,8 @@ class Pipeline(Streams, TwoPhase):
             output_plugin_options=dict(options or {}), slot_name=self.slot_name,
             catalog=self.catalog, server_version=self.server_version,
         )
-        attach = getattr(ctx.output, "attach", None)
-        if attach is not None:
-            attach(ctx)  # an output that needs its member's options before startup (Spark's)
+        if capable(ctx.output, Batching):
+            ctx.output.attach(ctx)  # it needs its member's options before startup
         self.members.append(Member(loaded, ctx))
         return ctx
 
@@ -144,10 +150,10 @@ class Pipeline(Streams, TwoPhase):
             # An output resumed after a restart skips what it holds; that is only right for
             # the stream that wrote it, with prepared transactions taken the same way.
             for m in self.members:
-                claim = getattr(m.ctx.output, "claim", None)
-                if claim is not None:
-                    claim(self.slot_name, two_phase=m.ctx.twophase)
-        self._done = [LSN(getattr(m.ctx.output, "resume_lsn", 0)) for m in self.members]
+                if capable(m.ctx.output, Resuming):
+                    m.ctx.output.claim(self.slot_name, two_phase=m.ctx.twophase)
+        self._done = [m.ctx.output.resume_lsn if capable(m.ctx.output, Resuming) else LSN(0)
+                      for m in self.members]
         self._restore_held(held)
         for i, m in enumerate(self.members):
             # Streams the output had blocks of, unfinished, when it was last durable: the
@@ -155,7 +161,9 @@ class Pipeline(Streams, TwoPhase):
             # reset() does after a lost connection. (Not those of a prepared transaction it
             # holds: the server does not send that again, its rest is in the entry.)
             holding = {s.base.xid for s in self._prepared.values() if i in s.streamed_held}
-            for xid in getattr(m.ctx.output, "resume_open_streams", ()):
+            resumed = m.ctx.output.resume_open_streams \
+                if capable(m.ctx.output, Resuming) else ()
+            for xid in resumed:
                 if xid not in holding and m.plugin.has("stream_abort"):
                     m.call("stream_abort", LSN(0), xid,
                            Transaction(xid, is_streamed=True), None)
@@ -463,10 +471,8 @@ class Pipeline(Streams, TwoPhase):
         """Before the first snapshot rows: outputs that record their state (FILE.progress)
         record that a copy is under way, so that a run that dies during it is told to copy
         again from a new slot (the copy's snapshot dies with the connection)."""
-        for m in self.members:
-            begin = getattr(m.ctx.output, "begin_snapshot", None)
-            if begin is not None:
-                begin()
+        for output in self._recording():
+            output.begin_snapshot()
 
     def note_snapshot_progress(self, state: dict[str, Any] | None) -> None:
         """How far the snapshots will be once the next snapshot rows are delivered (the form
@@ -475,19 +481,15 @@ class Pipeline(Streams, TwoPhase):
         Said before those rows, so that an output that delivers them at once (Spark's
         batches) records the state that goes with them; outputs that record it (FILE.progress)
         do so with their next mark or ``snapshot_checkpoint``."""
-        for m in self.members:
-            note = getattr(m.ctx.output, "note_incremental", None)
-            if note is not None:
-                note(state)
+        for output in self._recording():
+            output.note_incremental(state)
 
     def snapshot_checkpoint(self) -> None:
         """The initial copy's rows so far are whole transactions in every output, as far as
         the last ``note_snapshot_progress`` said: outputs that record it do, durably at the
         next flush."""
-        for m in self.members:
-            checkpoint = getattr(m.ctx.output, "snapshot_checkpoint", None)
-            if checkpoint is not None:
-                checkpoint()
+        for output in self._recording():
+            output.snapshot_checkpoint()
 
     def take_snapshot_requests(
             self, request: Callable[[str, Sequence[Sequence[str | None]] | None], LSN]) -> None:
@@ -500,16 +502,17 @@ class Pipeline(Streams, TwoPhase):
         """An initial copy cut short goes on as an incremental snapshot inside the stream:
         outputs that record the copy's state record that (until ``end_snapshot``), so that
         the copy is not taken for complete while tables are left."""
-        for m in self.members:
-            go_on = getattr(m.ctx.output, "continue_snapshot", None)
-            if go_on is not None:
-                go_on()
+        for output in self._recording():
+            output.continue_snapshot()
 
     def end_snapshot(self, lsn: LSN) -> None:
         """The copy is complete: every output holds what it had of it once durable at
         ``lsn`` (the slot's consistent point), and records the copy as done."""
-        for m in self.members:
-            end = getattr(m.ctx.output, "end_snapshot", None)
-            if end is not None:
-                end()
+        for output in self._recording():
+            output.end_snapshot()
         self._mark(range(len(self.members)), lsn)
+
+    def _recording(self) -> list[RecordingSnapshots]:
+        """The outputs that record the snapshots' state (outputs.RecordingSnapshots)."""
+        return [m.ctx.output for m in self.members
+                if capable(m.ctx.output, RecordingSnapshots)]

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from plugin_framework.framework import Pipeline
+from plugin_framework.framework.outputs import Batching, capable
 from plugin_framework.protocol import LSN, Decoder
 from plugin_framework.sources.errors import SourceError, explain
 from plugin_framework.sources.session import PROGRESS_INTERVAL, Progress, SnapshotProgress
@@ -154,7 +155,7 @@ class InitialCopy:
         outputs that cannot take back what they delivered of it (Spark's batches). Said
         after ``begin_snapshot``, so that the next run makes the slot again."""
         for m in self.pipeline.members:
-            if getattr(m.ctx.output, "copy_must_resume", False):
+            if capable(m.ctx.output, Batching) and m.ctx.output.copy_must_resume:
                 drop_slot()  # made by this run, for this copy: not kept
                 raise SourceError(
                     f'--snapshot: output plugin "{m.plugin.name}" delivers the copy in '

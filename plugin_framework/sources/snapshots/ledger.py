@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from plugin_framework.framework.outputs import RecordingSnapshots, capable
 from plugin_framework.protocol import (
     Decoder,
 )
@@ -85,7 +86,7 @@ def check_snapshot_outputs(pipeline: Any) -> None:
     (``begin_snapshot``): a run after an interrupted copy could not tell that it must copy
     again, and their rows would be missing without a word."""
     for m in pipeline.members:
-        if not callable(getattr(m.ctx.output, "begin_snapshot", None)):
+        if not capable(m.ctx.output, RecordingSnapshots):
             raise SourceError(
                 f'--snapshot: output plugin "{m.plugin.name}" cannot take the initial '
                 "snapshot yet (its output cannot record a copy that did not finish). "
@@ -96,15 +97,16 @@ def check_snapshot_outputs(pipeline: Any) -> None:
 def any_output_in(pipeline: Any, state: str) -> bool:
     """Whether an output of ``pipeline`` records its initial copy as ``state`` ("copying":
     it did not finish; "done")."""
-    return any(getattr(m.ctx.output, "snapshot_state", None) == state
-               for m in pipeline.members)
+    return any(capable(m.ctx.output, RecordingSnapshots)
+               and m.ctx.output.snapshot_state == state for m in pipeline.members)
 
 
 def recorded_progress(pipeline: Any) -> dict[str, Any] | None:
     """How far an output's snapshot was (FILE.progress, a Spark checkpoint), if one records
     it."""
     for m in pipeline.members:
-        state = getattr(m.ctx.output, "resume_incremental", None)
+        state = m.ctx.output.resume_incremental \
+            if capable(m.ctx.output, RecordingSnapshots) else None
         if state:
             return dict(state)
     return None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugin_framework import LSN
 from plugin_framework.framework import OutputError, OutputRecord
+from plugin_framework.framework.outputs import Batching, RecordingSnapshots
 
 if TYPE_CHECKING:
     from plugin_framework.spark.foreachbatch.batching import MicroBatcher
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["MicroBatchOutput"]
 
 
-class MicroBatchOutput:
+class MicroBatchOutput(Batching, RecordingSnapshots):
     """The Output of a ForeachBatchPlugin: durable up to what ``fn`` has finished.
 
     It takes snapshots (docs/snapshot.md) as FileOutput does, through the checkpoint: whether
@@ -53,6 +54,9 @@ class MicroBatchOutput:
         """Said before the snapshot rows it goes with; each batch records the progress of
         the last snapshot rows in it (so no ``snapshot_checkpoint`` is needed)."""
         self.plugin._note_progress(state)
+
+    def snapshot_checkpoint(self) -> None:
+        """Nothing to do: each batch records the progress of its snapshot rows itself."""
 
     def continue_snapshot(self) -> None:
         """The copy, cut short, goes on as an incremental snapshot: recorded so."""
