@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import psycopg
 
 from plugin_framework.framework import Catalog, FileOutput, LoadedPlugin, OutputError, Pipeline
+from plugin_framework.framework.output_protocol import DeliversElsewhere, capable
 from plugin_framework.framework.registry import load_emitter
 from plugin_framework.rowfilter import FilterConfig, PublicationFilters
 from plugin_framework.sources.errors import explain
@@ -101,8 +102,7 @@ class PlannedEmitter:
         """The plugin's own Output factory, if it delivers elsewhere (None: it writes to
         ``target``)."""
         inner = self.plugin.plugin if isinstance(self.plugin, LoadedPlugin) else self.plugin
-        make = getattr(inner, "make_output", None)
-        return make if callable(make) else None
+        return inner.make_output if capable(inner, DeliversElsewhere) else None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ function's tuplestore); here each write is an ``OutputRecord`` handed to the plu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from plugin_framework._frozen import frozen_setters, new_object
@@ -168,6 +169,15 @@ class Batching(Protocol):
     def drain(self) -> None: ...
 
 
+@runtime_checkable
+class DeliversElsewhere(Protocol):
+    """A plugin (not an output) that brings its own Output: the emitter's runner gives
+    each such plugin ``make_output()`` instead of a FileOutput on ``-f`` (the Spark
+    emitter's batches)."""
+
+    def make_output(self) -> Output: ...
+
+
 C = TypeVar("C")
 _capable: dict[tuple[type, type], bool] = {}
 
@@ -175,7 +185,10 @@ _capable: dict[tuple[type, type], bool] = {}
 def capable(output: object, capability: type[C]) -> TypeGuard[C]:
     """Whether ``output`` has ``capability`` (one of the protocols above): ``isinstance``,
     remembered for the output's class (a protocol's isinstance looks at every member, and
-    the pipeline asks for every transaction)."""
+    the pipeline asks for every transaction); a module (a plugin of hook functions) is
+    asked each time, modules being of one class."""
+    if isinstance(output, ModuleType):
+        return isinstance(output, capability)
     key = (type(output), capability)
     known = _capable.get(key)
     if known is None:

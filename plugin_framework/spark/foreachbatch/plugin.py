@@ -106,7 +106,8 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
                 + (f", {unknown} rows without a TOAST value" if unknown else ""))
 
     def make_output(self) -> MicroBatchOutput:
-        """The Output to give this plugin in ``Pipeline.add(..., output=...)``."""
+        """The Output to give this plugin in ``Pipeline.add(..., output=...)``
+        (output_protocol.DeliversElsewhere)."""
         return self.output
 
     # --- set-up -----------------------------------------------------------------------------
