@@ -1167,6 +1167,36 @@ def test_incremental_snapshot_keeps_the_toast_values_a_window_leaves_unchanged(
     check_upserted(db, lines)
 
 
+def test_an_incremental_snapshot_reads_up_to_the_greatest_key_it_began_with(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """A table that grows at its end while it is read (a writer inserting ever greater keys,
+    fifty a statement, at a pace the stream keeps up with): the snapshot reads up to the greatest key
+    there was when it began, so it ends however fast the table grows. The rows inserted
+    above that key while it read come from the stream only: hundreds of them are in the
+    lines before its last rows (a read up to the table's end would have copied them), and
+    upserting the lines gives the table."""
+    query(db.conninfo, """
+        CREATE TABLE later (id int PRIMARY KEY, v text, n numeric, doc text);
+        INSERT INTO later SELECT g, 'v' || g, g, NULL FROM generate_series(1, 20000) g;
+        CREATE PUBLICATION pub FOR TABLE later""")
+
+    def grow(stop: threading.Event) -> None:
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            n = 0
+            while not stop.is_set():
+                conn.execute("INSERT INTO later SELECT g, 'new', 0 FROM generate_series("
+                             "%s, %s) g", (100_000 + n, 100_000 + n + 49))
+                n += 50
+                time.sleep(0.01)
+
+    lines = snapshot_while_writing(db.conninfo, env, tmp_path, "public.later", grow)
+    last = max(i for i, ln in enumerate(lines) if ln["op"] == "snapshot")
+    bound = max(ln["new"]["id"] for ln in lines if ln["op"] == "snapshot")
+    above = [ln for ln in lines[:last] if ln["op"] == "insert" and ln["new"]["id"] > bound]
+    assert len(above) >= 200, f"{len(above)} rows inserted above {bound} before its last rows"
+    check_upserted(db, lines)
+
+
 def change_keyed(conninfo: str, stop: threading.Event, seed: int, rows: int) -> None:
     """Insert, update, change either unique column of (id, code) and delete rows of table
     "keyed" until ``stop`` (new values far apart, so that no statement fails)."""

@@ -222,6 +222,18 @@ def _relation(table: TableCopy) -> sql.Composed:
     return sql.SQL("{}{}").format(only, sql.Identifier(table.schema, table.name))
 
 
+def last_key(conn: psycopg.Connection[Any], table: TableCopy) -> Key | None:
+    """The table's greatest key now (None: it has no rows). An incremental snapshot reads
+    up to it: rows inserted later above it come from the stream, and a table that grows
+    at its end as fast as the chunks are read is still read to an end."""
+    keys = [sql.Identifier("t", k) for k in table.key]
+    query = sql.SQL("SELECT {} FROM {} AS t ORDER BY {} LIMIT 1").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys), _relation(table),
+        sql.SQL(", ").join(sql.SQL("{} DESC").format(k) for k in keys))
+    row = conn.execute(query).fetchone()
+    return None if row is None else tuple(None if v is None else v.encode() for v in row)
+
+
 SAMPLE_BLOCKS = 100  # blocks of such a table sampled for the keys it is split at
 
 

@@ -53,6 +53,7 @@ from plugin_framework.sources.snapshots.catalog import (
     copy_statement,
     key_from_text,
     key_text,
+    last_key,
     qualified_name,
     ranges_text,
     row_key,
@@ -459,6 +460,9 @@ class IncrementalSnapshot:
         ranges = self.resume_ranges.pop(name, None)
         if ranges:
             (self.current.after, self.current.upto), *self.current.ranges = ranges
+        elif self.current.copy.ordered and not self.current.keys_only:
+            # up to the greatest key now: what is inserted above it comes from the stream
+            self.current.upto = last_key(self._connection(), self.current.copy)
         return True
 
     def adopt(self, window: Window | None) -> bool:
