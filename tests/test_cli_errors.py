@@ -207,7 +207,7 @@ def test_row_filters_wrong_password(password_cluster: LocalCluster, env: dict[st
 
 
 
-# --- 2a': the password in the process title (#14, item 14) -----------------------------------
+# --- 2a': the password in the process title ---------------------------------------------------
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -564,7 +564,7 @@ def test_a_frame_dropped_from_a_version_2_capture_is_found_where_it_breaks_the_o
     assert not out.exists()
 
 
-# --- 3b: checksums (#14, item 13) ------------------------------------------------------------
+# --- 3b: checksums ----------------------------------------------------------------------------
 
 
 def read_all(path: Path) -> int:

@@ -229,8 +229,8 @@ def values(plugin: Recorder) -> list[list[str]]:
 def test_a_prepared_transaction_held_in_the_file_is_acknowledged_past_and_kept(
         case: Any, tmp_path: Any) -> None:
     """Run 1 holds a prepared transaction for an ordinary plugin: its file keeps it
-    (FILE.hold), so the acknowledgement passes its PREPARE and the later commit (#14, item
-    6). The slot is advanced there and run 1 dies; the server then sends run 2 only the
+    (FILE.hold), so the acknowledgement passes its PREPARE and the later commit. The
+    slot is advanced there and run 1 dies; the server then sends run 2 only the
     COMMIT PREPARED, and run 2 delivers the transaction from the file's hold."""
     c = case(two_phase=True)
     c.sql("BEGIN", "INSERT INTO {t} VALUES (1)", "PREPARE TRANSACTION 'pending'",

@@ -683,7 +683,7 @@ def test_row_templates_print_as_the_column_loop() -> None:
         text.append(bytearray(), TupleData(b"b" * n, (b"\0",) * n), False)
 
 
-# --- #14, item 4: only-local and the origin of non-transactional messages ---------------------
+# --- only-local and the origin of non-transactional messages --------------------------------
 
 ORIGIN_SCHEMA = """
 CREATE TABLE o (id integer PRIMARY KEY, v text);

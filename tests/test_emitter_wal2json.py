@@ -635,7 +635,7 @@ def test_timestamps_print_as_postgresql_does() -> None:
     assert timestamptz_to_str(t.replace(microsecond=1), UTC) == "2024-01-02 03:04:05.000001+00"
 
 
-# --- DDL after the change: today's catalog is not the historic one (#14, items 1 and 3) -------
+# --- DDL after the change: today's catalog is not the historic one ---------------------------
 
 # Each table has a twin that no DDL touches: what pgdecode prints for the twin is what the
 # historic catalog says, on a server with or without wal2json.

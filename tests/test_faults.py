@@ -280,7 +280,7 @@ def prepared_across_kill9(db: Any, env: dict[str, str], tmp_path: Path,
             proc.kill()
     if two_phase_slot:
         # The plain plugin waits for the COMMIT PREPARED: its file holds the transaction
-        # (FILE.hold), so the slot could be acknowledged past the PREPARE (#14, item 6).
+        # (FILE.hold), so the slot could be acknowledged past the PREPARE.
         assert list(Path(f"{plain}.hold").glob("*.hold"))
     wait_slot_inactive(db.conninfo, slot)
 
@@ -339,7 +339,7 @@ def test_switching_two_phase_for_a_file_is_refused(db: Any, env: dict[str, str],
                                                    tmp_path: Path, before: str,
                                                    after: str) -> None:
     """A file written with prepared transactions taken one way, resumed with a plugin that
-    takes them the other way, while one is pending (#14, item 8): switched on, the PREPARE
+    takes them the other way, while one is pending: switched on, the PREPARE
     the earlier run held back lies before the file's resume LSN and was dropped; switched
     off, the server sends only the COMMIT PREPARED of one the file has at PREPARE. Refused
     before anything is touched; the earlier setting then finishes it exactly once."""
@@ -390,7 +390,7 @@ def test_switching_two_phase_for_a_file_is_refused(db: Any, env: dict[str, str],
     check_exactly_once(db.conninfo, read_lines(out))
 
 
-# --- a prepared transaction held while the server stops (#14, items 6 and 9) ----------------------
+# --- a prepared transaction held while the server stops ---------------------------------------
 
 
 @pytest.mark.slow

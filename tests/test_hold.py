@@ -78,7 +78,7 @@ def two_runs(wal: Wal, plugins: Sequence[OutputPlugin], paths: Sequence[Path],
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 def test_a_prepared_transaction_is_acknowledged_and_delivered_after_a_restart(
         tmp_path: Path, outcome: str) -> None:
-    """Item 6 of #14: a plugin without two-phase callbacks waits for COMMIT PREPARED; the
+    """A plugin without two-phase callbacks waits for COMMIT PREPARED; the
     slot is acknowledged past the PREPARE and the later commit all the same, and the next
     process, sent only the outcome, delivers it whole (or nothing, for a rollback)."""
     wal = Wal()

@@ -1,4 +1,4 @@
-"""Row filters and column lists (issue 6): the seed chapter's worked examples against a real
+"""Row filters and column lists: the worked examples of PostgreSQL's documentation against a real
 server, configuration (API, config file, command line), and errors with PostgreSQL's words.
 
 Each decoding is done twice from the same slot: through a publication with the filters,
@@ -114,7 +114,7 @@ def workload_conn(db: Any) -> psycopg.Connection[Any]:
     return conn
 
 
-# --- the seed chapter's examples ---------------------------------------------------------------
+# --- the documentation's examples -------------------------------------------------------------
 
 SEED_SCHEMA = """
 CREATE TABLE t1(a int, b int, c text, PRIMARY KEY(a,c));

@@ -1,4 +1,4 @@
-"""The initial snapshot (#15) on each server version: `pgdecode stream --create-slot
+"""The initial snapshot on each server version: `pgdecode stream --create-slot
 --snapshot initial` copies the published tables as of the new slot, then streams from its
 consistent point. Applying the copy, then the stream, to empty tables gives exactly what
 the server's tables hold, while a writer changes them throughout (inserts, updates, key

@@ -486,7 +486,7 @@ def test_unsupported_protocol_version_through_the_api(db: Any) -> None:
             run(source)
 
 
-# --- #14, item 12: a long replay from the spool keeps the connection alive -----------------------
+# --- a long replay from the spool keeps the connection alive -----------------------
 
 REPLICATION_TIMEOUT_LOG = "terminating walsender process due to replication timeout"
 
@@ -530,7 +530,7 @@ def test_a_replay_longer_than_wal_sender_timeout_keeps_the_connection(db: Any) -
     assert confirmed_flush(db.conninfo, slot) >= LSN(lines[-1]["end_lsn"])
 
 
-# --- #14, item 4: origin 'none' when every plugin filters all origins ----------------------------
+# --- origin 'none' when every plugin filters all origins ----------------------------
 
 
 def test_origin_none_asked_when_every_plugin_filters_all_origins() -> None:

@@ -1,4 +1,4 @@
-"""The MERGE INTO recipe (``MergeIntoWriter``, #16) against the server's tables, on each
+"""The MERGE INTO recipe (``MergeIntoWriter``) against the server's tables, on each
 version, through Spark SQL's own MERGE INTO, INSERT OVERWRITE and ALTER TABLE.
 
 Delta Lake's and Iceberg's jars cannot be fetched here (no Maven Central), so the target

@@ -1,4 +1,4 @@
-"""The mirrors (``TableStateWriter``, ``DeltaTableWriter``, ``HistoryWriter``, #16) against
+"""The mirrors (``TableStateWriter``, ``DeltaTableWriter``, ``HistoryWriter``) against
 the server's tables,
 on each version: a seeded random workload of typed values (numerics, arrays with NULLs,
 jsonb, dates and timestamps BC and infinite), key-change chains (within a batch and across

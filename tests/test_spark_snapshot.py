@@ -1,4 +1,4 @@
-"""The initial snapshot through Spark (#15), on each server version: the ``spark`` emitter
+"""The initial snapshot through Spark, on each server version: the ``spark`` emitter
 and ``ForeachBatchStream`` deliver the copy of the published tables (``op`` SNAPSHOT), then
 the stream, in batches. A foreachBatch function that keeps each batch under its id (as an
 idempotent sink does) ends with rows that, applied in order, give exactly what the server's

@@ -6,7 +6,7 @@ before the PREPARE (logical_decoding_work_mem = 64kB in the test clusters).
 
 pgoutput takes every prepared transaction at PREPARE, so it streams the rest of a streamed
 one there and sends Stream Prepare whatever test_decoding's filter would say; the framework
-must turn that into what the server calls on test_decoding itself (#14, item 2).
+must turn that into what the server calls on test_decoding itself.
 
 Both plugins read the same slot history twice: live through START_REPLICATION while the
 workload runs, each PREPARE decoded before its outcome is written (as a consumer that keeps
