@@ -2,7 +2,7 @@
 writing the same slot contents' raw pgoutput into a file, in the same run.
 
     python bench/stream.py [--changes N] [--emitter NAME | --matrix] [--bindir DIR]
-                                         [--runs N] [--streaming off|on] [--keep]
+                           [--runs N] [--streaming off|on] [--shape mixed|bulk|both] [--keep]
 
 With --matrix, one table per workload (ordinary transactions; the same streamed by the server,
 logical_decoding_work_mem = 64kB), with a pgdecode row for each built-in format: json, text,
@@ -11,8 +11,9 @@ wal2json v1 and v2, and json under a client-side row filter.
 Starts a throwaway PostgreSQL cluster (the embedded 18 unless --bindir), creates a table and a
 publication, then one slot per reader and per run, *before* the workload, so that every
 reader finds the same WAL waiting: ~300k changes (mostly inserts, some updates and deletes,
-1000 per transaction). Then it times, one after the other, each reader from its slot's start
-to the WAL end position (``-E``):
+1000 per transaction; with --shape bulk, bench/workload.py's bulk-load shape). Then it
+times, one after the other, each reader from its slot's start to the WAL end position
+(``-E``):
 
 - pgdecode: ``python -m plugin_framework.cli stream --emitter NAME -f FILE -E END -q``, the
   real command (process start, connection, decoding, the emitter, fsync at the end);
@@ -51,7 +52,13 @@ from typing import NamedTuple
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import PUBLICATION, SCHEMA, TABLE, run_workload  # bench/ is not a package
+from workload import (  # bench/ is not a package
+    PUBLICATION,
+    SCHEMA,
+    TABLE,
+    run_bulk_workload,
+    run_workload,
+)
 
 
 def default_emitter() -> str:
@@ -134,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work-mem", default="64MB",
                         help="the server's logical_decoding_work_mem (default 64MB)")
     parser.add_argument("--keep", action="store_true", help="keep the output files")
+    parser.add_argument("--shape", choices=("mixed", "bulk", "both"), default=None,
+                        help="transactions of 1000 mixed changes, bulk loads (8,000-row "
+                             "inserts, then an UPDATE of a quarter and a DELETE of a tenth), "
+                             "or each in turn (default: mixed; --matrix: both)")
     args = parser.parse_args(argv)
 
     if args.matrix:
@@ -143,13 +154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         emitter = args.emitter or default_emitter()
         configs = ((emitter, ("--emitter", emitter)),)
         workloads = ((f"work mem {args.work_mem}", args.work_mem),)
-    for name, work_mem in workloads:
-        measure(args, name, work_mem, configs)
+    shape = args.shape or ("both" if args.matrix else "mixed")
+    shapes = ("mixed", "bulk") if shape == "both" else (shape,)
+    for shape in shapes:
+        for name, work_mem in workloads:
+            measure(args, f"{shape}, {name}", work_mem, configs, shape)
     return 0
 
 
 def measure(args: argparse.Namespace, workload: str, work_mem: str,
-            configs: Sequence[tuple[str, Sequence[str]]]) -> None:
+            configs: Sequence[tuple[str, Sequence[str]]], shape: str = "mixed") -> None:
     """Every reader from its own slot over the same WAL, on a new cluster; a table."""
     from plugin_framework.cluster import LocalCluster, embedded_bindir
     from plugin_framework.sources.session import highest_proto_version
@@ -178,7 +192,7 @@ def measure(args: argparse.Namespace, workload: str, work_mem: str,
                   f"Python {platform.python_version()}; {workload} workload "
                   f"(logical_decoding_work_mem {work_mem}): {args.changes:,} changes ...",
                   flush=True)
-            made = run_workload(conn, args.changes)
+            made = (run_bulk_workload if shape == "bulk" else run_workload)(conn, args.changes)
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             assert row is not None
             endpos = row[0]

@@ -12,6 +12,10 @@ The TOAST-heavy variant (``TOAST_SCHEMA`` after ``SCHEMA``, ``run_workload(..., 
 adds a ``note text`` column stored out of line and uncompressed, 4-12 kB in every inserted row
 (hex text, ``repeat(md5(g), 128 + g % 257)``); the updates leave it unchanged, so the server
 sends them an unchanged-TOAST marker in its place.
+
+The bulk-load shape (``run_bulk_workload``): transactions of BULK_INSERTS inserted rows, then
+one UPDATE of a quarter of them and one DELETE of a tenth, each a transaction of its own:
+the most common big workload, where the client, not the walsender, can be the bottleneck.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import psycopg
 TABLE = "bench_orders"
 PUBLICATION = "bench_pub"
 TX_INSERTS, TX_UPDATES, TX_DELETES = 800, 150, 50
+BULK_INSERTS = 8000
 PREFERRED_SYSTEM_MAJOR = 15
 
 SCHEMA = f"""
@@ -91,6 +96,23 @@ def run_workload(conn: psycopg.Connection[Any], changes: int, *, toast: bool = F
                 done += deletes
         block += 1
     return done
+
+
+def run_bulk_workload(conn: psycopg.Connection[Any], changes: int) -> int:
+    """The bulk-load shape, about ``changes`` changes: inserts in transactions of
+    BULK_INSERTS rows, then an UPDATE of every fourth row and a DELETE of every tenth (rows
+    100 apart: no row both updated and deleted is counted twice). Returns the changes made."""
+    rows = max(1, round(changes / (1 + 1 / 4 + 1 / 10)))
+    for first in range(1, rows + 1, BULK_INSERTS):
+        last = min(rows, first + BULK_INSERTS - 1)
+        with conn.transaction():
+            conn.execute(INSERT_ROWS, {"first": first, "last": last})
+    with conn.transaction():
+        updated = conn.execute(f"UPDATE {TABLE} SET amount = amount + 1.25, active = NOT active "
+                               "WHERE id % 4 = 0").rowcount
+    with conn.transaction():
+        deleted = conn.execute(f"DELETE FROM {TABLE} WHERE id % 10 = 1").rowcount
+    return rows + updated + deleted
 
 
 def choose_bindir(requested: str | None) -> Path:
