@@ -154,9 +154,8 @@ class MicroBatcher:
             return None
         if self._reread is not None and br.end <= self._reread:
             return None  # rows asked for again, before the stream has read the request
-        for progress in (br.snapshot_progress, self._noted_progress):
-            if progress is not None and (progress.get("queue") or progress.get("table")):
-                return None
+        if _reading(br.snapshot_progress) or _reading(self._noted_progress):
+            return None
         return int(br.end)
 
     def _request_snapshot(self, table: str, keys: Sequence[KeyText] | None) -> None:
@@ -221,8 +220,7 @@ class MicroBatcher:
         if self._reread is not None and self._reread != self._asked_here \
                 and self._reread > self.marked:
             return  # asked for by an earlier run, and not read again yet
-        progress = self._noted_progress
-        if progress is not None and (progress.get("queue") or progress.get("table")):
+        if _reading(self._noted_progress):
             return
         checkpoint.settle()
         self.consistent_lsn = int(checkpoint.last_committed.end)
@@ -331,3 +329,8 @@ class MicroBatcher:
 
     def _on_close(self) -> None:
         pass
+
+
+def _reading(progress: dict[str, Any] | None) -> bool:
+    """Whether a snapshot progress record has a table under way or queued."""
+    return progress is not None and bool(progress.get("queue") or progress.get("table"))
