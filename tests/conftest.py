@@ -83,10 +83,29 @@ def env(probes: Path) -> dict[str, str]:
     return cli_env(probes)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true",
+                     help="run the soak tests too (kill -9 and randomized workloads over the "
+                          "sinks that hold a table's state, minutes each; .ci/soak runs them "
+                          "in a loop)")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if config.getoption("--soak"):
+        return None
+    return "soak tests not run (kill -9 and randomized-workload loops): .ci/soak runs them"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     python_only = impl() == "python"
+    soak = config.getoption("--soak")
+    kept, left = [], []
     for item in items:
         if "pg" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.server)
         if python_only and item.get_closest_marker("native"):
             item.add_marker(pytest.mark.skip(reason="PGDECODE_IMPL=python: no C module runs"))
+        (left if item.get_closest_marker("soak") and not soak else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
