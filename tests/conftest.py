@@ -4,7 +4,7 @@
 each system installation of another major version), shared by the whole session; tests that use
 it, directly or through ``db``, run once per version and are marked ``server``. ``db`` is a
 fresh database for one test, ``pg_module_db`` one shared by a module's tests, and
-``workload_capture`` tests/workload.py's transactions in a slot of that one.
+``workload_capture`` tests/support/workload.py's transactions in a slot of that one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgtest import TestDatabase, create_database, drop_database
-from streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
+from support.pgtest import TestDatabase, create_database, drop_database
+from support.streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
 
 from plugin_framework._native import impl
 from plugin_framework.cluster import (
@@ -67,7 +67,7 @@ def pg_module_db(pg: LocalCluster) -> Iterator[TestDatabase]:
 
 @pytest.fixture(scope="module")
 def workload_capture(pg_module_db: TestDatabase) -> WorkloadCapture:
-    """tests/workload.py's transactions, in a two-phase slot of the module's database."""
+    """tests/support/workload.py's transactions, in a two-phase slot of the module's database."""
     return capture_workload(pg_module_db)
 
 

@@ -74,7 +74,7 @@ class NotNullReporter(OutputPlugin):
 
 
 def test_plugins_reach_it_through_the_context(catalog_db: Any) -> None:
-    from capture import peek, pgoutput_options
+    from support.capture import peek, pgoutput_options
 
     db = catalog_db
     db.execute("CREATE PUBLICATION p FOR TABLE t")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streamkit import (
+from support.streamkit import (
     BIG_ROWS,
     applied_ids,
     confirmed_flush,

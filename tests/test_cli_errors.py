@@ -19,9 +19,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgtest import TestDatabase
 from psycopg.conninfo import conninfo_to_dict
-from streamkit import (
+from support.pgtest import TestDatabase
+from support.streamkit import (
     cli_command,
     cli_env,
     confirmed_flush,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import ACCOUNT_ROWS, LEDGER_ROWS, SCHEMA, assert_state_equals_tables
-from streamkit import cli_env, run_cli, start_cli, stop_process, wait_for
+from support.spark_fixtures import ACCOUNT_ROWS, LEDGER_ROWS, SCHEMA, assert_state_equals_tables
+from support.streamkit import cli_env, run_cli, start_cli, stop_process, wait_for
 
 from plugin_framework.spark import read_delta
 
@@ -95,7 +95,7 @@ def test_mirror_into_parquet_by_default_says_its_batches_on_a_terminal(
     import subprocess
     import time
 
-    from streamkit import cli_command
+    from support.streamkit import cli_command
 
     slot = "mirror_parquet"
     with db.connect(autocommit=True) as conn:
@@ -154,7 +154,7 @@ def test_mirror_backfills_a_table_while_it_runs(db: Any, tmp_path: Path) -> None
     emptied and refilled meanwhile."""
     import threading
 
-    from spark_fixtures import state_rows, table_columns, table_rows
+    from support.spark_fixtures import state_rows, table_columns, table_rows
     from test_snapshot import change_later
 
     slot = "mirror_later"

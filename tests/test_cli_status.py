@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from streamkit import run_cli
+from support.streamkit import run_cli
 
 
 def _lsn(db: Any) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pgtest import TestDatabase
+from support.pgtest import TestDatabase
 
 from plugin_framework.cluster import ClusterError, LocalCluster
 

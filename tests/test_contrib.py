@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
-from streamkit import WorkloadCapture
-from workload import STREAM_ROWS
+from support.streamkit import WorkloadCapture
+from support.workload import STREAM_ROWS
 
 from contrib.audit_2pc import TwoPhaseAudit
 from contrib.simple import SimplePlugin

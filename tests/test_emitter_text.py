@@ -41,10 +41,10 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from capture import peek, pgoutput_options
-from parity_workload import ParitySlots, run_parity_workload, setup_parity
-from pgtest import create_database, drop_database
-from recorders import with_fast_path
+from support.capture import peek, pgoutput_options
+from support.parity_workload import ParitySlots, run_parity_workload, setup_parity
+from support.pgtest import create_database, drop_database
+from support.recorders import with_fast_path
 
 from emitters.text import OPTIONS, TestDecodingEmitter, quote_literal, timestamptz_to_str
 from plugin_framework import LSN, MemoryOutput, Pipeline

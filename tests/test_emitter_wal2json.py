@@ -1,11 +1,12 @@
 """The wal2json emitter against wal2json 2.5 itself.
 
-The parity workload (tests/parity_workload.py) plus a few transactions of our own are decoded
-by a wal2json slot and, from a pgoutput slot, by our emitter; the rows must be identical, byte
-for byte, in format versions 1 and 2 with the default options and with each option. That needs
-the wal2json plugin, installed here for the system PostgreSQL 15 only: elsewhere these tests
-skip. Where wal2json prints what pgoutput cannot tell (generated columns, transactions without
-changes, the origin of a non-transactional message), the difference is shown and checked.
+The parity workload (tests/support/parity_workload.py) plus a few transactions of our own
+are decoded by a wal2json slot and, from a pgoutput slot, by our emitter; the rows must be
+identical, byte for byte, in format versions 1 and 2 with the default options and with each
+option. That needs the wal2json plugin, installed here for the system PostgreSQL 15 only:
+elsewhere these tests skip. Where wal2json prints what pgoutput cannot tell (generated
+columns, transactions without changes, the origin of a non-transactional message), the
+difference is shown and checked.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from capture import Captured, peek, pgoutput_options
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from parity_workload import ParitySlots, has_wal2json, run_parity_workload, setup_parity
-from recorders import with_fast_path
+from support.capture import Captured, peek, pgoutput_options
+from support.parity_workload import ParitySlots, has_wal2json, run_parity_workload, setup_parity
+from support.recorders import with_fast_path
 
 from emitters.options import OptionError
 from emitters.wal2json import (

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workload import create_schema, run_workload
+from support.workload import create_schema, run_workload
 
 # Slow: it installs entry points and runs the command in new processes.
 # `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import BINDIRS, TEST_SETTINGS
-from streamkit import cli_env, current_lsn, query, read_lines, run_cli, run_stream, wait_for
+from support.streamkit import cli_env, current_lsn, query, read_lines, run_cli, run_stream, wait_for
 
 from plugin_framework.cluster import LocalCluster, server_major_version
 from plugin_framework.protocol import LSN

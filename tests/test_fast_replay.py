@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from recorders import with_fast_path
+from support.recorders import with_fast_path
 
 from emitters.json import JsonEmitter
 from emitters.text import TestDecodingEmitter

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from streamkit import (
+from support.streamkit import (
     Probe,
     StreamProbe,
     committed_xids,

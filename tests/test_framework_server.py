@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recorders import (
+from support.recorders import (
     Event,
     Recorder,
     StreamRecorder,
@@ -14,7 +14,7 @@ from recorders import (
     apply_streams,
     apply_two_phase,
 )
-from streamkit import WorkloadCapture
+from support.streamkit import WorkloadCapture
 
 from plugin_framework import UNCHANGED_TOAST, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.framework import CallbackError

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recorders import apply_streams
-from scripted import (
+from support.recorders import apply_streams
+from support.scripted import (
     Rec,
     StreamRec,
     StreamTwoPhaseRec,

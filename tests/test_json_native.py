@@ -1,7 +1,7 @@
 """The json emitter's C fast path (emitters/json/native/_jsonrow.c) writes exactly the lines of
 its Python change callback, or declines and leaves the change to it.
 
-Each example runs one transaction through two pipelines (tests/native.py): the fast path on,
+Each example runs one transaction through two pipelines (tests/support/native.py): the fast path on,
 as ``pgdecode stream`` runs it, and off (every change through the Python callback, the
 reference). Their outputs, or their errors, must be the same. Server-made values of every
 type are compared the same way in test_emitter_json.py
@@ -18,8 +18,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native import both, changes, damaged_outcomes_agree, decodes, relations, transaction
-from recorders import with_fast_path
+from support.native import both, changes, damaged_outcomes_agree, decodes, relations, transaction
+from support.recorders import with_fast_path
 
 from emitters.json import JsonEmitter
 from emitters.json.fast import native_code

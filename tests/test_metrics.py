@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
-from streamkit import free_port, scrape, start_cli, stop_process, wait_for
+from support.spark_fixtures import spark_session  # noqa: F401  (the fixture "spark")
+from support.streamkit import free_port, scrape, start_cli, stop_process, wait_for
 
 ROWS = 20_000
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from streamkit import cli_command
+from support.streamkit import cli_command
 
 from plugin_framework.cli.parser import NATIVE_USERS
 

@@ -1,6 +1,6 @@
 """FileOutput under faults injected for real, on each server version: a second ``pgdecode
 stream`` given the running one's file, an fsync that fails (an LD_PRELOAD shim, compiled by
-tests/faultshim.py, makes fsync of the output file, or of a FILE.hold entry, fail once), a
+tests/support/faultshim.py, makes fsync of the output file, or of a FILE.hold entry, fail once), a
 FILE.progress damaged on disk, and a plugin callback that raises in the middle of a
 transaction. Each must leave the file whole, acknowledge nothing that is not durable in it,
 and let a rerun go on exactly."""
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultshim import build_fsync_shim
-from streamkit import (
+from support.faultshim import build_fsync_shim
+from support.streamkit import (
     confirmed_flush,
     create_slot,
     current_lsn,

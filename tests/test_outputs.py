@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from scripted import StreamTwoPhaseRec, Wal, emitting, feed, ins, pipeline
+from support.scripted import StreamTwoPhaseRec, Wal, emitting, feed, ins, pipeline
 
 from plugin_framework import LSN, FileOutput
 from plugin_framework.framework import MemoryOutput, OutputError

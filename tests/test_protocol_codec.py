@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from strategies import control, transactional
+from support.strategies import control, transactional
 
 from plugin_framework.protocol import (
     ID_AFTER_TAG,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from capture import Captured, peek, pgoutput_options
-from streamkit import LiveCapture
-from workload import STREAM_ROWS, Facts, create_schema, run_workload
+from support.capture import Captured, peek, pgoutput_options
+from support.streamkit import LiveCapture
+from support.workload import STREAM_ROWS, Facts, create_schema, run_workload
 
 from plugin_framework.protocol import (
     LSN,

@@ -1,5 +1,6 @@
-"""The reorder contract, server-free: scripted pgoutput streams (tests/scripted.py, built with
-``protocol.encode``) fed to a Pipeline, and what each kind of plugin must receive.
+"""The reorder contract, server-free: scripted pgoutput streams (tests/support/scripted.py,
+built with ``protocol.encode``) fed to a Pipeline, and what each kind of plugin must
+receive.
 
 The expected events follow PostgreSQL's reorder buffer (reorderbuffer.c, decode.c,
 logical.c): only committed transactions reach begin/change/commit, in commit order; a plugin
@@ -19,12 +20,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recorders import (
+from support.recorders import (
     Event,
     apply_streams,
     apply_two_phase,
 )
-from scripted import (
+from support.scripted import (
     FinalLsnRecorder,
     Minimal,
     OriginFilter,

@@ -1,5 +1,5 @@
 """Re-sends, spills and restarts, server-free: one scripted stream with every kind of
-transaction and outcome (tests/scripted.py), fed to every kind of plugin, cut anywhere. Each
+transaction and outcome (tests/support/scripted.py), fed to every kind of plugin, cut anywhere. Each
 plugin must end with each transaction once, whatever the server sends again, however small
 the memory limit, wherever the process dies."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recorders import Event, apply_streams, apply_two_phase
-from scripted import (
+from support.recorders import Event, apply_streams, apply_two_phase
+from support.scripted import (
     Rec,
     StreamOriginFilter,
     StreamRec,

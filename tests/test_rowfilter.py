@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from capture import peek, pgoutput_options
-from recorders import Event, Recorder, changes_by_transaction
+from support.capture import peek, pgoutput_options
+from support.recorders import Event, Recorder, changes_by_transaction
 
 from plugin_framework import MemoryOutput, Pipeline
 from plugin_framework.rowfilter import (

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from streamkit import run_stream
+from support.streamkit import run_stream
 
 
 def pgdecode(*args: str) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pgtest import TestDatabase, drop_database, unique_dbname
 from psycopg import sql
+from support.pgtest import TestDatabase, drop_database, unique_dbname
 from test_rowfilter import decode
 
 from plugin_framework.cluster import LocalCluster

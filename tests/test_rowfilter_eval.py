@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import pq
 from psycopg.adapt import Transformer
-from strategies import sql_bool_combinations
+from support.strategies import sql_bool_combinations
 
 from plugin_framework.pgtypes.oids import FLOAT4
 from plugin_framework.rowfilter import RowFilterError

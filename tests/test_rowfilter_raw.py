@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import sql_bool_combinations
+from support.strategies import sql_bool_combinations
 
 from plugin_framework.framework.model import Action, Relation, Row, new_change
 from plugin_framework.framework.reorder.txn import RAW_DROP, RAW_PASS, RAW_UNSURE
@@ -380,8 +380,8 @@ def test_a_pipeline_delivers_the_same_with_and_without_raw_verdicts(
     changes they are unsure of (an UPDATE entering the filter) are decoded and filtered. The
     output is the same as with the filter alone, for a transaction as it arrives and for one
     replayed from the spool."""
-    from native import transaction
-    from recorders import with_fast_path
+    from support.native import transaction
+    from support.recorders import with_fast_path
 
     from emitters.json import JsonEmitter
     from emitters.text import TestDecodingEmitter
@@ -433,7 +433,7 @@ def test_snapshot_rows_take_raw_verdicts_in_order(relation: tuple[Any, Relation]
     formatted a run at a time): rows passed raw, dropped raw and left to the filter
     (values the server never writes: C is unsure of them) come out in the order of the
     chunk, as with the filter alone, and as the change callback writes them."""
-    from recorders import with_fast_path
+    from support.recorders import with_fast_path
 
     from emitters.json import JsonEmitter
     from plugin_framework.framework import MemoryOutput, Pipeline

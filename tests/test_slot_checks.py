@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streamkit import query, run_cli, start_cli, stop_process, wait_for
+from support.streamkit import query, run_cli, start_cli, stop_process, wait_for
 
 from plugin_framework.sources.errors import SourceError
 from plugin_framework.spark.datasource.options import SourceOptions

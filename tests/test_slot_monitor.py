@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pgtest import unique_dbname
-from streamkit import (
+from support.pgtest import unique_dbname
+from support.streamkit import (
     confirmed_flush,
     create_slot,
     free_port,

@@ -24,12 +24,12 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jsonmirror import apply, ordered, server_tables
 from jsonschema import Draft202012Validator
-from pgtest import create_database, drop_database
 from psycopg import sql
-from recorders import with_fast_path
-from streamkit import (
+from support.jsonmirror import apply, ordered, server_tables
+from support.pgtest import create_database, drop_database
+from support.recorders import with_fast_path
+from support.streamkit import (
     current_lsn,
     query,
     read_lines,

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from streamkit import (
+from support.streamkit import (
     BIG_ROWS,
     Probe,
     StreamProbe,

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parity_workload import run_parity_workload, setup_parity
-from spark_fixtures import feed_inserts, spark_session  # noqa: F401  (the fixture "spark")
-from streamkit import free_port, scrape, wait_for
-from workload import STREAM_ROWS, create_schema, run_workload
+from support.parity_workload import run_parity_workload, setup_parity
+from support.spark_fixtures import feed_inserts, spark_session  # noqa: F401  (the fixture "spark")
+from support.streamkit import free_port, scrape, wait_for
+from support.workload import STREAM_ROWS, create_schema, run_workload
 
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError
@@ -698,7 +698,7 @@ def test_batches_read_by_fn_leave_spark_quiet_at_its_default_log_level(tmp_path:
     script.write_text(f"""
 import sys
 from pyspark.sql import SparkSession
-from spark_fixtures import feed_inserts
+from support.spark_fixtures import feed_inserts
 from plugin_framework.spark import ForeachBatchPlugin
 
 spark = SparkSession.builder.master("local[1]").getOrCreate()

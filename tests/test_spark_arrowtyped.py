@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spark_fixtures import spark_session  # noqa: F401
+from support.spark_fixtures import spark_session  # noqa: F401
 
 from plugin_framework.spark.columns.arrowtyped import Decline, typed_net
 from plugin_framework.spark.columns.descriptions import TableInfo
@@ -304,7 +304,7 @@ def test_sinks_type_by_spark_what_arrowtyped_declines(db: Any, spark: Any, tmp_p
     import json
     import logging
 
-    from spark_fixtures import delta_rows
+    from support.spark_fixtures import delta_rows
 
     from plugin_framework.spark import (
         DeltaTableWriter,

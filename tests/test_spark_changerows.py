@@ -17,12 +17,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from capture import peek, pgoutput_options
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native import WHEN, changes, relations, transaction
-from parity_workload import run_parity_workload, setup_parity
-from recorders import with_fast_path
+from support.capture import peek, pgoutput_options
+from support.native import WHEN, changes, relations, transaction
+from support.parity_workload import run_parity_workload, setup_parity
+from support.recorders import with_fast_path
 from test_json_native import SERVER, TYPES, VALUES
 
 from plugin_framework import LSN

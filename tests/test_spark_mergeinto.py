@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import arrow_rows, spark_session, table_columns, table_rows  # noqa: F401
+from support.spark_fixtures import arrow_rows, spark_session, table_columns, table_rows  # noqa: F401
 from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
@@ -480,7 +480,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     and before its checkpoint record: each restart delivers that batch again, merges its
     staged rows again (the target's values taken before the first merge), and the target
     (kept on disk by the test catalog) ends equal to ``SELECT *``."""
-    from merge_runner import CATALOG, CATALOG_CLASS
+    from support.merge_runner import CATALOG, CATALOG_CLASS
     from test_spark_recovery import _start_args, _wait, _wait_slot_free
 
     with db.connect(autocommit=True) as conn:
@@ -489,7 +489,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     with db.connect(autocommit=True) as conn:
         run_key_changes(conn, seed=31, transactions=80)
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
-    runner = Path(__file__).with_name("merge_runner.py")
+    runner = Path(__file__).parent / "support" / "merge_runner.py"
     args = [sys.executable, str(runner), "--dsn", db.conninfo, "--slot", "mk", "--work",
             str(tmp_path), "--jar", str(rowlevel_jar), "--endpos", end]
     killed: list[int] = []

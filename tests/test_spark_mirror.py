@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import (  # noqa: F401
+from support.spark_fixtures import (  # noqa: F401
     _norm,
     delta_rows,
     epoch_numbers,

@@ -1,5 +1,5 @@
 """Prepared transactions into Spark batches, through SIGKILLs at every step of their way: a
-two-phase slot streamed by ForeachBatchStream (tests/spark_prepared_runner.py), killed once
+two-phase slot streamed by ForeachBatchStream (tests/support/spark_prepared_runner.py), killed once
 after the PREPAREs arrive, once after the COMMIT PREPAREDs, once inside fn, once after fn
 returned, once after the checkpoint records the batch, once after the acknowledgement; each
 round has an ordinary prepared transaction and one the server streams. Until the batch
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_prepared_runner import STEPS
+from support.spark_prepared_runner import STEPS
 
 from plugin_framework import LSN
 
 pytestmark = pytest.mark.slow
 
-RUNNER = Path(__file__).with_name("spark_prepared_runner.py")
+RUNNER = Path(__file__).parent / "support" / "spark_prepared_runner.py"
 TIMEOUT = 300
 # rows of 4 kB of random text: some 240 kB, more than logical_decoding_work_mem (64kB)
 STREAMED_ROWS = 60
@@ -73,7 +73,7 @@ def _round(db: Any, step: str, first: int) -> tuple[list[str], LSN, LSN, int]:
 
 def _start(db: Any, slot: str, work: Path, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(RUNNER.parent), str(RUNNER.parent.parent), os.environ.get("PYTHONPATH", "")]))
+        [str(RUNNER.parents[1]), str(RUNNER.parents[2]), os.environ.get("PYTHONPATH", "")]))
     log = open(work / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
     return subprocess.Popen([sys.executable, str(RUNNER), "--dsn", db.conninfo, "--slot", slot,
                              "--work", str(work), *args], stdout=log,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_fixtures import (
+from support.spark_fixtures import (
     assert_changelog_complete,
     assert_state_equals_tables,
     end_lsn,
@@ -29,7 +29,7 @@ from spark_fixtures import (
 
 pytestmark = pytest.mark.slow
 
-RUNNER = Path(__file__).with_name("spark_fixtures.py")
+RUNNER = Path(__file__).parent / "support" / "spark_fixtures.py"
 TIMEOUT = 420
 
 
@@ -47,7 +47,7 @@ def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
 def _start_args(args: list[str], work: Path) -> subprocess.Popen[bytes]:
     """A pipeline process of its own process group (killed whole), logging to work."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(RUNNER.parent), str(RUNNER.parent.parent), os.environ.get("PYTHONPATH", "")]))
+        [str(RUNNER.parents[1]), str(RUNNER.parents[2]), os.environ.get("PYTHONPATH", "")]))
     log = open(work / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)

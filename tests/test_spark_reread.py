@@ -19,14 +19,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from spark_fixtures import (  # noqa: F401  (the fixture "spark")
+from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
     delta_rows,
     spark_session,
     state_rows,
     table_columns,
     table_rows,
 )
-from streamkit import current_lsn, wait_for
+from support.streamkit import current_lsn, wait_for
 from test_spark_mirror import assert_chains
 
 from plugin_framework.sources.snapshots.initial import SnapshotUnfinished

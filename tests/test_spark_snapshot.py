@@ -22,15 +22,15 @@ from typing import Any
 import psycopg
 import pyarrow.parquet as pq
 import pytest
-from jsonmirror import loads
-from spark_fixtures import (  # noqa: F401  (the fixture "spark")
+from support.jsonmirror import loads
+from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
     delta_rows,
     spark_env,
     spark_session,
     table_columns,
     table_rows,
 )
-from streamkit import current_lsn, query, slot_row, start_cli, wait_for
+from support.streamkit import current_lsn, query, slot_row, start_cli, wait_for
 from test_snapshot import (
     TABLES,
     Writer,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
-from spark_fixtures import spark_session  # noqa: F401
+from support.spark_fixtures import spark_session  # noqa: F401
 
 from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.mirrors.parquet import TableStateWriter

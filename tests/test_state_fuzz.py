@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scripted import Rec, StreamRec, StreamTwoPhaseRec, Wal, alter, ins, upd
+from support.scripted import Rec, StreamRec, StreamTwoPhaseRec, Wal, alter, ins, upd
 
 from plugin_framework import LSN, FileOutput, Pipeline
 from plugin_framework.framework import OutputError
@@ -511,7 +511,7 @@ def test_a_manifest_that_names_a_file_outside_its_table_is_refused(mirrored: Pat
 def recorded(pg_module_db: Any, probes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A capture of a real server's stream (``pgdecode capture``): three small transactions
     and one large enough to be streamed."""
-    from streamkit import cli_env, create_slot, current_lsn, query, run_cli
+    from support.streamkit import cli_env, create_slot, current_lsn, query, run_cli
 
     db = pg_module_db
     query(db.conninfo, "CREATE TABLE t (id int PRIMARY KEY, v text); "

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from capture import Captured, pgoutput_options
+from support.capture import Captured, pgoutput_options
 from test_emitter_text import (
     Line,
     Source,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from native import decodes
+from support.native import decodes
 
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError, MemoryOutput, OutputPlugin, Pipeline

@@ -1,7 +1,7 @@
 """The text emitter's C fast path (emitters/text/native/_textrow.c) writes exactly the lines of
 its Python change callback (test_decoding's format), or declines and leaves the change to it.
 
-Each example runs transactions through two pipelines (tests/native.py): the fast path on, as
+Each example runs transactions through two pipelines (tests/support/native.py): the fast path on, as
 ``pgdecode stream`` runs it, and off (every change through the Python callback, the
 reference). test_emitter_text.py diffs both against test_decoding itself on the real servers
 (``test_fast_path_on_and_off_match_test_decoding``).
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native import (
+from support.native import (
     WHEN,
     Run,
     binary,

@@ -2,7 +2,7 @@
 1 and 2) writes exactly the objects of its Python change callback, or declines and leaves the
 change to it.
 
-Each example runs transactions through two pipelines (tests/native.py): the fast path on, as
+Each example runs transactions through two pipelines (tests/support/native.py): the fast path on, as
 ``pgdecode stream`` runs it, and off (every change through the Python callback, the
 reference). test_emitter_wal2json.py diffs both against wal2json 2.5 itself
 (``test_fast_path_on_and_off_match_wal2json``).
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native import both, changes, damaged_outcomes_agree, relations, transaction
+from support.native import both, changes, damaged_outcomes_agree, relations, transaction
 
 from emitters.wal2json import Wal2JsonEmitter
 from plugin_framework.protocol import (

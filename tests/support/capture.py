@@ -1,6 +1,6 @@
 """Raw pgoutput messages from a real server through its SQL functions, and the options that
 start pgoutput. Reading a slot through START_REPLICATION (``replicate``, ``LiveCapture``) is
-tests/streamkit.py's, with the other streaming helpers."""
+tests/support/streamkit.py's, with the other streaming helpers."""
 
 from __future__ import annotations
 

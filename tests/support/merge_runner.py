@@ -1,7 +1,7 @@
 """A pipeline into MergeIntoWriter, in a process that tests/test_spark_mergeinto.py kills:
 
-    python tests/merge_runner.py --dsn ... --slot ... --work DIR --jar ROWLEVEL_JAR
-        [--endpos LSN] [--kill-from BATCH] [--max-rows N]
+    PYTHONPATH=tests python tests/support/merge_runner.py --dsn ... --slot ... --work DIR \\
+        --jar ROWLEVEL_JAR [--endpos LSN] [--kill-from BATCH] [--max-rows N]
 
 The targets are tables of tests/java/RowLevelCatalog.java kept in DIR/tables (they outlive
 the process). With ``--kill-from N``, once a batch from N on that has key changes of m_pk
@@ -23,7 +23,7 @@ CATALOG_CLASS = "pgdecode.testing.RowLevelCatalog"
 
 
 def session(jar: str, tables: Path) -> Any:
-    from spark_fixtures import spark_env
+    from support.spark_fixtures import spark_env
 
     spark_env()
     from pyspark.sql import SparkSession

@@ -1,8 +1,8 @@
 """A ForeachBatchStream that signals, and for some steps stops, at one step of the way of
 prepared transactions into a finished batch, for test_spark_prepared_kill.py:
 
-    python tests/spark_prepared_runner.py --dsn ... --slot ... --work DIR --step STEP \\
-        --gids g1,g2 [--endpos LSN] [--max-rows N]
+    PYTHONPATH=tests python tests/support/spark_prepared_runner.py --dsn ... --slot ... \\
+        --work DIR --step STEP --gids g1,g2 [--endpos LSN] [--max-rows N]
 
 STEP is where the test kills the process (with SIGKILL, from outside):
 
@@ -42,11 +42,10 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=1)
     args = parser.parse_args()
 
-    from spark_fixtures import new_session
-
     from plugin_framework.spark import ForeachBatchStream
     from plugin_framework.spark.changes.rows import local_rows
     from plugin_framework.spark.foreachbatch.plugin import ForeachBatchPlugin
+    from support.spark_fixtures import new_session
 
     work = Path(args.work)
     (work / "out").mkdir(exist_ok=True)

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from recorders import with_fast_path
 
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError, MemoryOutput, Pipeline
@@ -30,6 +29,7 @@ from plugin_framework.protocol import (
     Update,
     encode,
 )
+from support.recorders import with_fast_path
 
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 RELID = 16400

@@ -23,8 +23,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from recorders import Event, Recorder, StreamRecorder, StreamTwoPhaseRecorder, TwoPhaseRecorder
-
 from plugin_framework import LSN, MemoryOutput, OutputPlugin, Pipeline
 from plugin_framework.protocol import (
     Begin,
@@ -49,6 +47,13 @@ from plugin_framework.protocol import (
     TupleData,
     Update,
     encode,
+)
+from support.recorders import (
+    Event,
+    Recorder,
+    StreamRecorder,
+    StreamTwoPhaseRecorder,
+    TwoPhaseRecorder,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -383,7 +388,7 @@ class _Lines(list[Event]):
 
 
 def emitting(cls: type[Any]) -> type[Any]:
-    """``cls`` (a recorder of tests/recorders.py) writing its events to its output."""
+    """``cls`` (a recorder of tests/support/recorders.py) writing its events to its output."""
 
     def startup(self: Any, ctx: Any, options: Any, is_init: bool) -> None:
         cls.startup(self, ctx, options, is_init)

@@ -1,9 +1,10 @@
 """The tests' one place for streaming: probe emitters that record every callback as a JSON
 line (installed as entry points a subprocess can load), running ``pgdecode stream`` and the
-other commands, reading a slot through START_REPLICATION, capturing tests/workload.py's
-transactions from a slot, reading a probe's output transaction by transaction, and watching a
-slot. Raw captures through the SQL functions are tests/capture.py's; recording plugins that run
-in-process are tests/recorders.py's.
+other commands, reading a slot through START_REPLICATION, capturing
+tests/support/workload.py's transactions from a slot, reading a probe's output transaction
+by transaction, and watching a slot. Raw captures through the SQL functions are
+tests/support/capture.py's; recording plugins that run in-process are
+tests/support/recorders.py's.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from capture import Captured, peek, pgoutput_options
-from workload import END_PREFIX, Facts, create_schema, run_workload
 
 from plugin_framework import LSN, OutputPlugin
 from plugin_framework.protocol import XLogData
 from plugin_framework.sources.replication import ReplicationStream
+from support.capture import Captured, peek, pgoutput_options
+from support.workload import END_PREFIX, Facts, create_schema, run_workload
 
 # --- probe emitters -----------------------------------------------------------------------------
 
@@ -139,8 +140,8 @@ def install_probes(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     source = Path(__file__).resolve()
     (directory / "pgdecode_probes.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(source.parent)!r})\n"
-        "from streamkit import Probe, StreamProbe, TwoPhaseProbe  # noqa: F401\n"
+        f"import sys\nsys.path.insert(0, {str(source.parents[1])!r})\n"
+        "from support.streamkit import Probe, StreamProbe, TwoPhaseProbe  # noqa: F401\n"
     )
     info = directory / "pgdecode_probes-0.0.dist-info"
     info.mkdir(exist_ok=True)
@@ -315,7 +316,8 @@ def changes_of(lines: Iterable[dict[str, Any]], table: str,
 
 def replicate(conninfo: str, slot: str, options: Mapping[str, str], timeout: float = 60.0,
               ready: threading.Event | None = None) -> list[Captured]:
-    """The slot's changes through START_REPLICATION, up to tests/workload.py's end marker."""
+    """The slot's changes through START_REPLICATION, up to tests/support/workload.py's end
+    marker."""
     marker = END_PREFIX.encode() + b"\0"
     out: list[Captured] = []
     deadline = time.monotonic() + timeout
@@ -360,7 +362,7 @@ class LiveCapture(threading.Thread):
 
 @dataclass
 class WorkloadCapture:
-    """tests/workload.py's transactions, in a two-phase slot made before them."""
+    """tests/support/workload.py's transactions, in a two-phase slot made before them."""
 
     db: Any
     facts: Facts

@@ -2,8 +2,8 @@
 workload of about 20,000 changes, comparisons of Parquet state with the source tables, and a
 pipeline runner to start (and kill) as a subprocess:
 
-    python tests/spark_fixtures.py emitter|source --dsn ... --slot ... --work DIR \\
-        [--kill-at BATCH_ID]
+    PYTHONPATH=tests python tests/support/spark_fixtures.py emitter|source --dsn ... \\
+        --slot ... --work DIR [--kill-at BATCH_ID]
 
 The foreachBatch function writes the change log, the Parquet state, the Delta state and the
 Delta history. With
@@ -444,8 +444,6 @@ if __name__ == "__main__":
 def feed_inserts(plugin: Any, transactions: list[range]) -> None:
     """Run ``plugin`` over hand-made transactions of inserts into public.t (id int4, the
     key), one transaction per range of ids, then shut it down."""
-    from native import WHEN
-
     from plugin_framework import LSN, Pipeline
     from plugin_framework.protocol import (
         Begin,
@@ -456,6 +454,7 @@ def feed_inserts(plugin: Any, transactions: list[range]) -> None:
         TupleData,
         encode,
     )
+    from support.native import WHEN
 
     relation = RelationMessage(16400, "public", "t", "d", (RelationColumn(True, "id", 23, -1),))
     messages = [encode(relation)]
