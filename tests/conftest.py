@@ -13,24 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.pgtest import TestDatabase, create_database, drop_database
+from support.pgtest import (
+    BINDIRS,
+    TEST_SETTINGS,
+    TestDatabase,
+    create_database,
+    drop_database,
+)
 from support.streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
 
 from plugin_framework._native import impl
-from plugin_framework.cluster import (
-    LocalCluster,
-    available_bindirs,
-    server_major_version,
-)
-
-BINDIRS = available_bindirs()
-
-# Beyond the cluster's own defaults: commit timestamps, so tests can compare the commit times
-# pgoutput sends with pg_xact_commit_timestamp(); and no autovacuum. An autovacuum ANALYZE is
-# a transaction (it writes pg_statistic) that test_decoding and wal2json print as an empty one
-# and pgoutput does not send: landing mid-workload at a moment of its own choosing, it made
-# the parity diffs fail at random. Empty transactions are tested on purpose, with DDL.
-TEST_SETTINGS = {"track_commit_timestamp": "on", "autovacuum": "off"}
+from plugin_framework.cluster import LocalCluster, server_major_version
 
 
 @pytest.fixture(

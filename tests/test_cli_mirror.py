@@ -154,8 +154,8 @@ def test_mirror_backfills_a_table_while_it_runs(db: Any, tmp_path: Path) -> None
     emptied and refilled meanwhile."""
     import threading
 
+    from support.snapshotkit import change_later
     from support.spark_fixtures import state_rows, table_columns, table_rows
-    from test_snapshot import change_later
 
     slot = "mirror_later"
     with db.connect(autocommit=True) as conn:

@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.mirror_workload import assert_chains
 from support.spark_fixtures import delta_rows, state_rows, table_columns, table_rows
 from support.streamkit import current_lsn, run_cli, start_cli, wait_for
-from test_spark_mirror import assert_chains
 
 from plugin_framework.spark import read_delta
 from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint

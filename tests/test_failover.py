@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BINDIRS, TEST_SETTINGS
+from support.pgtest import BINDIRS, TEST_SETTINGS
 from support.streamkit import cli_env, current_lsn, query, read_lines, run_cli, run_stream, wait_for
 
 from plugin_framework.cluster import LocalCluster, server_major_version

@@ -18,7 +18,17 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.native import both, changes, damaged_outcomes_agree, decodes, relations, transaction
+from support.native import (
+    SERVER,
+    TYPES,
+    VALUES,
+    both,
+    changes,
+    damaged_outcomes_agree,
+    decodes,
+    relations,
+    transaction,
+)
 from support.recorders import with_fast_path
 
 from emitters.json import JsonEmitter
@@ -51,81 +61,6 @@ def test_the_fast_path_is_built() -> None:
 
 # --- values: the server's text of each type, and text it never writes ------------------------
 
-_plain_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
-
-
-def _pg_array(items: Any, element: Any) -> bytes:
-    """PostgreSQL's array_out: elements quoted when empty, NULL, or holding specials."""
-    if isinstance(items, list):
-        return b"{" + b",".join(_pg_array(i, element) for i in items) + b"}"
-    if items is None:
-        return b"NULL"
-    text = element(items)
-    if (text == "" or text.upper() == "NULL"
-            or any(c in text for c in '{},"\\ \t\n\r\v\f')):
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text.encode()
-
-
-def _arrays(element: st.SearchStrategy[Any], show: Any) -> st.SearchStrategy[bytes]:
-    flat = st.lists(st.one_of(st.none(), element), max_size=5)
-    square = st.integers(1, 3).flatmap(
-        lambda n: st.lists(st.lists(st.one_of(st.none(), element), min_size=n, max_size=n),
-                           min_size=1, max_size=3))
-    return st.one_of(flat, square).map(lambda items: _pg_array(items, show))
-
-
-_timestamps = st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31))
-
-
-def _ts_text(with_zone: bool) -> st.SearchStrategy[bytes]:
-    def show(t: datetime, offset: str) -> bytes:
-        text = t.isoformat(sep=" ")
-        return (text + offset if with_zone else text).encode()
-
-    offsets = st.sampled_from(["+00", "-08", "+05:30", "+13", "-03:30:15"])
-    return st.one_of(
-        st.builds(show, _timestamps, offsets),
-        st.sampled_from([b"infinity", b"-infinity", b"0044-03-15 10:00:00 BC",
-                         b"0044-03-15 10:00:00+00 BC", b"Sat Jan 01 00:00:00 2000 PST",
-                         b"12345-01-01 00:00:00", b"01/02/2024 03:04:05",
-                         b"20 4-01-02 03:04:05+00"]),
-    )
-
-
-# type OID -> values of its text as the server writes them
-SERVER: dict[int, st.SearchStrategy[bytes]] = {
-    20: st.integers(-(2**63), 2**63 - 1).map(lambda i: str(i).encode()),  # int8
-    23: st.integers(-(2**31), 2**31 - 1).map(lambda i: str(i).encode()),  # int4
-    25: _plain_text.map(str.encode),  # text
-    1043: _plain_text.map(str.encode),  # varchar
-    1700: st.one_of(st.decimals(allow_nan=False, places=2).map(lambda d: str(d).encode()),
-                    st.just(b"NaN"), st.just(b"Infinity")),  # numeric
-    701: st.one_of(st.floats().map(repr).map(str.encode),
-                   st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e+300", b"-0",
-                                    b"0"])),  # float8 (the server prints -0.0 as -0)
-    16: st.sampled_from([b"t", b"f"]),  # bool
-    114: st.sampled_from([b'{"a": 1,\n "b": [1, 2]}', b"[1,\r\n2]", b'"x"', b"null"]),  # json
-    3802: st.sampled_from([b'{"a": 1, "b": "\\u00e9\xc3\xa9"}', b"[]", b"3.5"]),  # jsonb
-    1114: _ts_text(False),  # timestamp
-    1184: _ts_text(True),  # timestamptz
-    1009: _arrays(_plain_text, str),  # text[]
-    1016: _arrays(st.integers(-(2**63), 2**63 - 1), str),  # int8[]
-    1000: _arrays(st.booleans(), lambda b: "t" if b else "f"),  # bool[]
-    17: st.sampled_from([b"\\x00ff", b"a\\\\b\\001"]),  # bytea: Python only
-    1186: st.sampled_from([b"1 year 2 mons 3 days 04:05:06.5", b"-00:00:01"]),  # interval
-    2950: st.uuids().map(lambda u: str(u).encode()),  # uuid
-}
-# ... and text it never writes there, which the fast path must leave to Python
-ODD: dict[int, st.SearchStrategy[bytes]] = {
-    25: st.binary(max_size=8),  # not UTF-8: a decode error in both
-    16: st.just(b"x"),  # a KeyError in both
-    1009: st.text("{},\"\\ aN", max_size=12).map(str.encode),
-    1016: st.sampled_from([b"{007}", b"{-0}", b"{1, 2}", b"[0:1]={1,2}", b"{a}"]),
-    1000: st.sampled_from([b"{x}", b'{"t"}']),
-}
-VALUES = {t: st.one_of(v, ODD[t]) if t in ODD else v for t, v in SERVER.items()}
-TYPES = sorted(VALUES)
 
 @st.composite
 def examples(draw: st.DrawFn) -> tuple[RelationMessage, list[Any]]:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 from support.pgtest import TestDatabase, drop_database, unique_dbname
-from test_rowfilter import decode
+from support.rowfilters import decode
 
 from plugin_framework.cluster import LocalCluster
 from plugin_framework.rowfilter import NotSupportedError, PublicationFilters

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_rowfilter import decode
+from support.rowfilters import decode
 
 from plugin_framework.rowfilter import PublicationFilters
 

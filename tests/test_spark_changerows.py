@@ -20,10 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.capture import peek, pgoutput_options
-from support.native import WHEN, changes, relations, transaction
+from support.native import SERVER, TYPES, VALUES, WHEN, changes, relations, transaction
 from support.parity_workload import run_parity_workload, setup_parity
 from support.recorders import with_fast_path
-from test_json_native import SERVER, TYPES, VALUES
 
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError, Pipeline

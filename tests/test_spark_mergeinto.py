@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.mirror_workload import SCHEMA, assert_took_both_ways, run_workload
 from support.spark_fixtures import arrow_rows, spark_session, table_columns, table_rows  # noqa: F401
-from test_spark_mirror import SCHEMA, assert_took_both_ways, run_workload
 
 from plugin_framework.spark import ForeachBatchStream, MergeIntoWriter, PgoutputDataSource
 from plugin_framework.spark.columns.descriptions import SchemaChangeError
@@ -437,7 +437,7 @@ def run_key_changes(conn: Any, seed: int, transactions: int) -> None:
     updates that leave the TOAST values as they are)."""
     import random
 
-    from test_spark_mirror import big
+    from support.mirror_workload import big
 
     r = random.Random(seed)
     ex = conn.execute
@@ -481,7 +481,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     staged rows again (the target's values taken before the first merge), and the target
     (kept on disk by the test catalog) ends equal to ``SELECT *``."""
     from support.merge_runner import CATALOG, CATALOG_CLASS
-    from test_spark_recovery import _start_args, _wait, _wait_slot_free
+    from support.runners import start_runner, wait_runner, wait_slot_free
 
     with db.connect(autocommit=True) as conn:
         conn.execute(SCHEMA)
@@ -496,14 +496,14 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     for _ in range(3):
         (tmp_path / "killme").unlink(missing_ok=True)
         start = killed[-1] + 1 if killed else 0
-        proc = _start_args([*args, "--kill-from", str(start)], tmp_path)
-        _wait(proc, tmp_path, "killme")
+        proc = start_runner([*args, "--kill-from", str(start)], tmp_path)
+        wait_runner(proc, tmp_path, "killme")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         killed.append(int((tmp_path / "killme").read_text()))
-        _wait_slot_free(db, "mk")
-    proc = _start_args(args, tmp_path)
-    _wait(proc, tmp_path, "done")
+        wait_slot_free(db, "mk")
+    proc = start_runner(args, tmp_path)
+    wait_runner(proc, tmp_path, "done")
     assert proc.wait(60) == 0
     assert_took_both_ways(db, "mk")  # streamed transactions, prepared ones at PREPARE
     merged = [int(x) for x in (tmp_path / "merged").read_text().split()]

@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.runners import start_runner, wait_runner, wait_slot_free
 from support.spark_fixtures import (
     assert_changelog_complete,
     assert_state_equals_tables,
@@ -30,7 +30,6 @@ from support.spark_fixtures import (
 pytestmark = pytest.mark.slow
 
 RUNNER = Path(__file__).parent / "support" / "spark_fixtures.py"
-TIMEOUT = 420
 
 
 def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
@@ -41,37 +40,7 @@ def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
         args += ["--endpos", endpos]
     if kill_at is not None:
         args += ["--kill-at", str(kill_at)]
-    return _start_args(args, work)
-
-
-def _start_args(args: list[str], work: Path) -> subprocess.Popen[bytes]:
-    """A pipeline process of its own process group (killed whole), logging to work."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(RUNNER.parents[1]), str(RUNNER.parents[2]), os.environ.get("PYTHONPATH", "")]))
-    log = open(work / f"run-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-
-
-def _wait(proc: subprocess.Popen[bytes], work: Path, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not (work / what).exists():
-        if proc.poll() is not None:
-            logs = "\n".join(p.read_text(errors="replace")[-3000:]
-                             for p in sorted(work.glob("run-*.log")))
-            pytest.fail(f"the pipeline exited ({proc.returncode}) before {what}:\n{logs}")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"no {what} within {TIMEOUT} s")
-        time.sleep(0.2)
-
-
-def _wait_slot_free(db: Any, slot: str) -> None:
-    deadline = time.monotonic() + 60
-    while db.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
-                     (slot,))[0][0]:
-        assert time.monotonic() < deadline, "the killed pipeline's walsender did not go away"
-        time.sleep(0.1)
+    return start_runner(args, work)
 
 
 @pytest.mark.parametrize("way", ["emitter", "source"])
@@ -85,14 +54,14 @@ def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: 
     work = tmp_path
 
     proc = _start(way, db, slot, work, endpos=endpos, kill_at=1)
-    _wait(proc, work, "killme")
+    wait_runner(proc, work, "killme")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (work / "done").exists()
-    _wait_slot_free(db, slot)
+    wait_slot_free(db, slot)
 
     proc = _start(way, db, slot, work, endpos=endpos, kill_at=None)
-    _wait(proc, work, "done")
+    wait_runner(proc, work, "done")
     assert proc.wait(60) == 0
 
     batches = [int(x) for x in (work / "batches").read_text().split()]
@@ -114,14 +83,14 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
     state and the change log (each change once), written before the kills in each batch."""
     import random
 
-    from test_spark_mirror import SCHEMA as MIRROR_SCHEMA
-    from test_spark_mirror import (
+    from support.mirror_workload import SCHEMA as MIRROR_SCHEMA
+    from support.mirror_workload import (
         assert_history,
         assert_mirrored,
         assert_took_both_ways,
         run_workload,
     )
-    from test_spark_mirror import table_rows as rows_of
+    from support.spark_fixtures import table_rows as rows_of
 
     with db.connect(autocommit=True) as conn:
         conn.execute(MIRROR_SCHEMA)
@@ -145,12 +114,12 @@ def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
         (tmp_path / "killme").unlink(missing_ok=True)
         proc = _start("emitter", db, slot, tmp_path, endpos=endpos, kill_at=kill_at,
                       extra=extra)
-        _wait(proc, tmp_path, "killme")
+        wait_runner(proc, tmp_path, "killme")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        _wait_slot_free(db, slot)
+        wait_slot_free(db, slot)
     proc = _start("emitter", db, slot, tmp_path, endpos=endpos, kill_at=None, extra=extra)
-    _wait(proc, tmp_path, "done")
+    wait_runner(proc, tmp_path, "done")
     assert proc.wait(60) == 0
     batches = [int(x) for x in (tmp_path / "batches").read_text().split()]
     assert all(k in batches for k in kills) and batches[-1] > kills[-1], (kills, batches)

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from support.mirror_workload import assert_chains
 from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
     delta_rows,
     spark_session,
@@ -27,7 +28,6 @@ from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
     table_rows,
 )
 from support.streamkit import current_lsn, wait_for
-from test_spark_mirror import assert_chains
 
 from plugin_framework.sources.snapshots.initial import SnapshotUnfinished
 from plugin_framework.sources.snapshots.requests import request_snapshot

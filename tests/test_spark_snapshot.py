@@ -23,15 +23,7 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 from support.jsonmirror import loads
-from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
-    delta_rows,
-    spark_env,
-    spark_session,
-    table_columns,
-    table_rows,
-)
-from support.streamkit import current_lsn, query, slot_row, start_cli, wait_for
-from test_snapshot import (
+from support.snapshotkit import (
     TABLES,
     Writer,
     check_upserted,
@@ -40,6 +32,14 @@ from test_snapshot import (
     make_tables,
     wait_acknowledged_slot,
 )
+from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
+    delta_rows,
+    spark_env,
+    spark_session,
+    table_columns,
+    table_rows,
+)
+from support.streamkit import current_lsn, query, slot_row, start_cli, wait_for
 
 from plugin_framework.spark import (
     DeltaTableWriter,

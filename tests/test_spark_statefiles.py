@@ -15,19 +15,14 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
+from support.sinkrows import COLUMNS, Row, Workload, change
 from support.spark_fixtures import spark_session  # noqa: F401
 
 from plugin_framework.spark.columns.descriptions import rows_info
 from plugin_framework.spark.mirrors.parquet import TableStateWriter
 from plugin_framework.spark.mirrors.statefiles import StateFiles
 
-COLUMNS = [{"name": "id", "type": "integer", "key": True},
-           {"name": "v", "type": "text", "key": False},
-           {"name": "big", "type": "text", "key": False},
-           {"name": "n", "type": "numeric(12,2)", "key": False}]
 TABLE = "public.t"
-
-Row = tuple[str, str, str]  # v, big, n
 
 
 class Crash(BaseException):
@@ -103,70 +98,6 @@ class Dying(pafs.FileSystemHandler):
 
     def equals(self, other: Any) -> bool:
         return other is self
-
-
-def change(op: str, seq: int, commit_lsn: int, *, after: dict[str, Any] | None = None,
-           before: dict[str, Any] | None = None, toast: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A change row as a batch gives it to the sinks (batch_rows), in the server's text."""
-    import json
-
-    def text(row: dict[str, Any] | None) -> list[tuple[str, str | None]] | None:
-        return None if row is None else [(k, None if v is None else str(v))
-                                         for k, v in row.items()]
-
-    key = {"id": (before or after or {})["id"]}
-    return {"schema": "public", "table": "t", "op": op, "seq": seq, "lsn": commit_lsn + seq,
-            "commit_lsn": commit_lsn, "commit_time": None, "key": text(key),
-            "before": text(before), "after": text(after),
-            "before_json": None if before is None else json.dumps(before),
-            "after_json": None if after is None else json.dumps(after),
-            "unchanged_toast": list(toast), "columns": COLUMNS}
-
-
-class Workload:
-    """Random batches of changes of ``public.t`` and the table they leave (``rows``): new keys
-    mostly ascending, updates that leave ``big`` unchanged (TOAST), key changes, deletes."""
-
-    def __init__(self, seed: int) -> None:
-        self.random = random.Random(seed)
-        self.rows: dict[int, Row] = {}
-        self.next_id = 1
-        self.lsn = 1000
-
-    def batch(self, changes: int, *, recent: bool = False) -> list[dict[str, Any]]:
-        r, out = self.random, []
-        while len(out) < changes:
-            seq = len(out)
-            self.lsn += 100
-            keys = sorted(self.rows)[-50:] if recent else list(self.rows)
-            choice = r.random() if keys else 0.0
-            if choice < 0.45:
-                key = self.next_id if r.random() < 0.9 else r.randrange(1, self.next_id + 50)
-                self.next_id = max(self.next_id, key) + 1
-                if key in self.rows:
-                    continue
-                row = (f"v{key}", f"big-{key}-" + "x" * r.randrange(0, 40), f"{key}.25")
-                out.append(change("INSERT", seq, self.lsn, after=self.values(key, row)))
-                self.rows[key] = row
-            elif choice < 0.8:
-                key = r.choice(keys)
-                new = self.next_id if r.random() < 0.2 else key
-                self.next_id = max(self.next_id, new + 1)
-                v, big, n = self.rows.pop(key)
-                row = (f"{v}'", big, str(Decimal(n) + 1))
-                after = {**self.values(new, row), "big": None}
-                out.append(change("UPDATE", seq, self.lsn, after=after, toast=("big",),
-                                  before={"id": key} if new != key else None))
-                self.rows[new] = row
-            else:
-                key = r.choice(keys)
-                del self.rows[key]
-                out.append(change("DELETE", seq, self.lsn, before={"id": key}))
-        return out
-
-    @staticmethod
-    def values(key: int, row: Row) -> dict[str, Any]:
-        return {"id": key, "v": row[0], "big": row[1], "n": row[2]}
 
 
 def state(path: Path) -> dict[int, Row]:

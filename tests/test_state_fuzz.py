@@ -438,7 +438,7 @@ def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A table's Parquet state as TableStateWriter leaves it after a few batches (tests/
     test_spark_statefiles.py's workload): several files, their bounds, a manifest."""
     pytest.importorskip("pyarrow")
-    from test_spark_statefiles import Workload
+    from support.sinkrows import Workload
 
     from plugin_framework.spark.columns.descriptions import rows_info
     from plugin_framework.spark.mirrors.parquet import TableStateWriter

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from support.capture import Captured, pgoutput_options
-from test_emitter_text import (
+from support.textparity import (
     Line,
     Source,
     assert_same,

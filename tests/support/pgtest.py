@@ -1,4 +1,5 @@
-"""Helpers for tests against real servers: a database of a LocalCluster and its teardown."""
+"""Helpers for tests against real servers: the server versions they run on and the settings
+of their clusters, a database of a LocalCluster and its teardown."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from plugin_framework.cluster import LocalCluster
+from plugin_framework.cluster import LocalCluster, available_bindirs
+
+BINDIRS = available_bindirs()
+
+# Beyond the cluster's own defaults: commit timestamps, so tests can compare the commit times
+# pgoutput sends with pg_xact_commit_timestamp(); and no autovacuum. An autovacuum ANALYZE is
+# a transaction (it writes pg_statistic) that test_decoding and wal2json print as an empty one
+# and pgoutput does not send: landing mid-workload at a moment of its own choosing, it made
+# the parity diffs fail at random. Empty transactions are tested on purpose, with DDL.
+TEST_SETTINGS = {"track_commit_timestamp": "on", "autovacuum": "off"}
 
 _counter = itertools.count(1)
 
