@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "plugin_framework"
 DOC = (ROOT / "docs" / "architecture.md").read_text()
 TOP = ("emitters", "contrib")

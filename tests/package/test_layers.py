@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOP_PACKAGES = ("plugin_framework", "emitters", "contrib")
 
 # The layers of plugin_framework, lowest first: a module may import from its own layer and

@@ -29,7 +29,7 @@ from support.spark_fixtures import (
 
 pytestmark = pytest.mark.slow
 
-RUNNER = Path(__file__).parent / "support" / "spark_fixtures.py"
+RUNNER = Path(__file__).parents[1] / "support" / "spark_fixtures.py"
 
 
 def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,

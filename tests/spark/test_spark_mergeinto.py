@@ -34,7 +34,7 @@ from plugin_framework.spark.mirrors.mergesql import target_name
 
 pytestmark = pytest.mark.slow
 
-JAVA = Path(__file__).parent / "java" / "RowLevelCatalog.java"
+JAVA = Path(__file__).parents[1] / "java" / "RowLevelCatalog.java"
 CATALOG = "pgdecode_mem"
 CATALOG_CLASS = "pgdecode.testing.RowLevelCatalog"
 
@@ -489,7 +489,7 @@ def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
     with db.connect(autocommit=True) as conn:
         run_key_changes(conn, seed=31, transactions=80)
     end = str(db.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
-    runner = Path(__file__).parent / "support" / "merge_runner.py"
+    runner = Path(__file__).parents[1] / "support" / "merge_runner.py"
     args = [sys.executable, str(runner), "--dsn", db.conninfo, "--slot", "mk", "--work",
             str(tmp_path), "--jar", str(rowlevel_jar), "--endpos", end]
     killed: list[int] = []

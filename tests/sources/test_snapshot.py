@@ -74,7 +74,7 @@ from plugin_framework.sources.snapshots.ledger import CopyLedger
 from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
 
-SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "json-change.schema.json").read_text())
 
 
 def command(conninfo: str, out: Path, *extra: str) -> list[str]:

@@ -318,7 +318,7 @@ def test_the_c_header_is_generated_from_the_tags() -> None:
     """plugin_framework/protocol/native/pgoutput_tags.h is committed; regenerate it with
     ``python -m plugin_framework.protocol.cheader --c-header
     plugin_framework/protocol/native/pgoutput_tags.h``."""
-    header = (Path(__file__).resolve().parent.parent / "plugin_framework" / "protocol"
+    header = (Path(__file__).resolve().parents[2] / "plugin_framework" / "protocol"
               / "native" / "pgoutput_tags.h")
     assert header.read_text(encoding="ascii") == c_header()
     for tag in MessageTag:

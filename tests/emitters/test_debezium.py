@@ -27,8 +27,8 @@ from jsonschema import Draft202012Validator
 from support.parity_workload import run_parity_workload, setup_parity
 from support.streamkit import cli_env, current_lsn, read_lines, run_stream
 
-RUNNER = Path(__file__).parent / "support" / "debezium_runner.py"
-SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "debezium-envelope.schema.json")
+RUNNER = Path(__file__).parents[1] / "support" / "debezium_runner.py"
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "debezium-envelope.schema.json")
                     .read_text())
 TABLES = ("alltypes", "keyed", "ri_full", "ri_index", "ri_nothing", "toasty", "t_parent",
           "t_child", "bulk", "interleaved", "extra", "dbz_done")

@@ -17,7 +17,7 @@ from support.workload import create_schema, run_workload
 # `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-         str(target), str(HERE / "data" / "sample_emitter")],
+         str(target), str(TESTS / "data" / "sample_emitter")],
         check=True, capture_output=True, timeout=600,
     )
     yield target

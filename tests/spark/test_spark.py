@@ -715,7 +715,7 @@ tasks.warn("Stage 9 contains a task of very large size (2000 KiB)")
 tasks.warn("another warning of the logger")
 spark.stop()
 """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent),
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
            "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=300)

@@ -41,7 +41,7 @@ from plugin_framework.framework import CallbackError, Catalog
 from plugin_framework.pgtypes import TypeConverters, iso_interval, parse_array_text, pg_float8_text
 from plugin_framework.pgtypes.oids import INT4, JSONB, NUMERIC
 
-SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "json-change.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "json-change.schema.json").read_text())
 VALIDATOR = Draft202012Validator(SCHEMA)
 VALID_LINES: set[str] = set()  # lines already validated
 

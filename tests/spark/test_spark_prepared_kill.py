@@ -25,7 +25,7 @@ from plugin_framework import LSN
 
 pytestmark = pytest.mark.slow
 
-RUNNER = Path(__file__).parent / "support" / "spark_prepared_runner.py"
+RUNNER = Path(__file__).parents[1] / "support" / "spark_prepared_runner.py"
 TIMEOUT = 300
 # rows of 4 kB of random text: some 240 kB, more than logical_decoding_work_mem (64kB)
 STREAMED_ROWS = 60
