@@ -1,6 +1,6 @@
 """pgdecode: PostgreSQL's logical-decoding output-plugin framework, driven by pgoutput.
 
-Layers, imports pointing one way (docs/architecture.md; tests/test_layers.py holds them):
+Layers, imports pointing one way (docs/architecture.md; tests/package/test_layers.py holds them):
 
 - ``plugin_framework.protocol``: the pgoutput codec (bytes in, typed messages out, and back).
 - ``plugin_framework.pgtypes``: PostgreSQL values (OIDs, type names, quoting, converters).

@@ -29,7 +29,7 @@ of decoding the message and calling ``change`` (the ``fast_change`` callback). I
 common forms of the common types' text, for the converters that declare a native code
 (``pgtypes.NATIVE_KIND``); it hands any other value to the column's Python converter, and
 anything else (binary-format columns, malformed data) back to ``change``, so the lines are
-the same either way: tests/test_json_native.py holds the two to that.
+the same either way: tests/emitters/test_json_native.py holds the two to that.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ per truncated table, ``m`` per logical message; an UPDATE that changes the prima
 differs, docs/json-format.md says so: no Kafka tombstones (a line has no key), columns of
 types Debezium drops (name, pg_lsn...) kept as their text, and values Debezium cannot hold
 (numeric NaN, infinite dates) an error unless ``unrepresentable=null``.
-tests/test_debezium.py diffs these lines with Debezium's own events on the same WAL.
+tests/emitters/test_debezium.py diffs these lines with Debezium's own events on the same WAL.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each converter takes the server's text of a value (pgoutput's text format) and r
 JSON-ready value, or raises Unrepresentable where Debezium's type has no value for it (a
 numeric NaN, a date at infinity); the envelope (debezium.py) applies the ``unrepresentable``
 option to that. docs/json-format.md ("Debezium envelope") lists the mapping;
-tests/test_debezium.py holds it equal to what Debezium itself writes for the same rows.
+tests/emitters/test_debezium.py holds it equal to what Debezium itself writes for the same rows.
 """
 
 from __future__ import annotations

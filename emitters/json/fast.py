@@ -3,7 +3,7 @@
 A column is formatted in C when its text converter declares a native code in
 ``plugin_framework.pgtypes.NATIVE_KIND``; any other converter the C code calls. Nothing here
 looks at which Python function a converter is: a converter without a declaration is simply
-called, and tests/test_json_native.py holds each declared code equal to its converter.
+called, and tests/emitters/test_json_native.py holds each declared code equal to its converter.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A relation's formatter is made from what ``RelationText`` computed for it (the line heads,
 each column's print_literal style and headers), so the C code and the Python callback print
-from one description. tests/test_text_native.py holds the two equal.
+from one description. tests/emitters/test_text_native.py holds the two equal.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ prints from what the Python ``v2_change`` and ``v1_change`` print from: format v
 for the current transaction's fields; format version 1's once per plan, with the document's
 bookkeeping (the comma after the previous change, the parts of a document written at the
 commit) here, as ``Wal2JsonEmitter.change`` does it. A column whose converter has no C code
-leaves the whole table to Python. tests/test_wal2json_native.py holds the two equal.
+leaves the whole table to Python. tests/emitters/test_wal2json_native.py holds the two equal.
 """
 
 from __future__ import annotations

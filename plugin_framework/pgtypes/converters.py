@@ -159,8 +159,8 @@ NATIVE_KIND: Final[Mapping[Converter, str]] = MappingProxyType({
 """Text converter -> the name of the code by which emitters/json/native/_jsonrow.c formats a column
 with that converter in C (its module constants: ``_jsonrow.FLOAT``...); any converter not named here
 the C code calls. A change to one of these converters must be made to the C code too:
-tests/test_json_native.py checks each against its C code (hypothesis), and
-tests/test_pgtypes.py that each type keeps the converter, and each converter the code, that
+tests/emitters/test_json_native.py checks each against its C code (hypothesis), and
+tests/pgtypes/test_pgtypes.py that each type keeps the converter, and each converter the code, that
 they have."""
 
 

@@ -6,7 +6,7 @@ OIDs and typmods, plus a Type message (OID, namespace, name) for types that are 
 so this module reproduces ``format_type_extended`` (src/backend/utils/adt/format_type.c) and
 the typmod output functions of the built-in types in pure Python, with a table of every type
 that PostgreSQL's bootstrap catalog creates with a fixed OID (checked against PostgreSQL 15
-and 18 by tests/test_format_type.py).
+and 18 by tests/pgtypes/test_format_type.py).
 
 Three entry points mirror the server's three ways of calling it:
 
@@ -163,7 +163,7 @@ def _scalar_name(type_oid: int, typmod: int, typmod_given: bool) -> str:
 
 
 # Built-in types need no server version: none of their names is quoted by some releases only
-# (tests/test_format_type.py checks).
+# (tests/pgtypes/test_format_type.py checks).
 @lru_cache(maxsize=8192)
 def _builtin(type_oid: int, typmod: int, typmod_given: bool) -> str:
     """format_type_extended for a built-in OID; an array applies the typmod to its element."""

@@ -2,9 +2,9 @@
 
 The named constants are the types pgdecode refers to by number (the converters, format_type,
 the row-filter analyzer); ``TYPNAMES`` names every type with a fixed OID, and
-``ARRAY_ELEMENTS`` maps each true array type to its element type. tests/test_pgtypes.py checks
-that each constant is the OID of the type it is named after, and tests/test_format_type.py
-checks the tables against PostgreSQL 15 and 18.
+``ARRAY_ELEMENTS`` maps each true array type to its element type. tests/pgtypes/test_pgtypes.py
+checks that each constant is the OID of the type it is named after, and
+tests/pgtypes/test_format_type.py checks the tables against PostgreSQL 15 and 18.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ __all__ = [
 
 # Every keyword except the unreserved ones forces quotes, even where the grammar would accept
 # it bare (PostgreSQL does not try to tell those cases apart). pglast's lists are those of
-# PostgreSQL _NEWEST (tests/test_format_type.py checks that they still are).
+# PostgreSQL _NEWEST (tests/pgtypes/test_format_type.py checks that they still are).
 _QUOTED_KEYWORDS: Final = frozenset(RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS)
 _PLAIN_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]*")
 

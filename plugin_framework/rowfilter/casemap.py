@@ -210,8 +210,8 @@ def table_query(collate_clause: str) -> str:
 # strings of _TABLE_SQL do: it is not alphanumeric (libc's initcap starts a word after it),
 # UAX #29 breaks words at it (ICU's initcap), and neither Unicode's casing contexts nor
 # ICU's Greek upper-casing look across it. Not for builtin collations: their initcap
-# title-cases a run of non-alphanumerics only at its start. tests/test_rowfilter_collation.py
-# holds the two equal.
+# title-cases a run of non-alphanumerics only at its start.
+# tests/rowfilter/test_rowfilter_collation.py holds the two equal.
 CHUNK = 16384
 _CHUNK_SQL = """
 SELECT k, lower(s {collate}) COLLATE "C", upper(s {collate}) COLLATE "C",

@@ -11,7 +11,7 @@ program, and its relation's changes are decoded and filtered in Python.
 
 ``PublicationFilters`` builds a relation's ``RawFilter`` beside its Python predicates
 (publication.py); the pipeline asks it before decoding a change (docs/row-filters.md,
-"Performance"). tests/test_rowfilter_raw.py holds the verdicts to ``filter_change``.
+"Performance"). tests/rowfilter/test_rowfilter_raw.py holds the verdicts to ``filter_change``.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def test_a_progress_file_edited_by_hand_is_refused(progressed: Path,
 
 @pytest.fixture(scope="module")
 def held(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The hold directories a pipeline leaves at a PREPARE (tests/test_hold.py's streamed
+    """The hold directories a pipeline leaves at a PREPARE (tests/framework/test_hold.py's streamed
     case): a whole transaction for a plugin without stream callbacks (out1), the rest of a
     stream for one with them (out0)."""
     directory = tmp_path_factory.mktemp("hold")
@@ -435,8 +435,9 @@ def test_a_checkpoint_whose_entries_do_not_agree_is_refused(
 
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A table's Parquet state as TableStateWriter leaves it after a few batches (tests/
-    test_spark_statefiles.py's workload): several files, their bounds, a manifest."""
+    """A table's Parquet state as TableStateWriter leaves it after a few batches
+    (tests/support/sinkrows.py's workload, test_spark_statefiles.py's): several files, their
+    bounds, a manifest."""
     pytest.importorskip("pyarrow")
     from support.sinkrows import Workload
 

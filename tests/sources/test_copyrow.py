@@ -3,7 +3,7 @@
 as PostgreSQL reads it (CopyReadAttributesText), written out here in Python, on any bytes:
 escapes of every kind, a backslash that ends a field, \\N, tabs, too few or too many fields.
 
-tests/test_snapshot.py holds the C reader equal to psycopg's parser on what real servers
+tests/sources/test_snapshot.py holds the C reader equal to psycopg's parser on what real servers
 copy out; this reaches the escapes a server never writes (octal, hex), which COPY's format
 has all the same.
 """

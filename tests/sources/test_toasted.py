@@ -1,6 +1,6 @@
 """toasted.Moves: which rows an incremental snapshot reads again because an UPDATE moved them
 to another key leaving a TOASTed value out (the server test is
-tests/test_snapshot.py::test_incremental_snapshot_keeps_the_toast_values_a_window_leaves_unchanged)."""
+tests/sources/test_snapshot.py::test_incremental_snapshot_keeps_the_toast_values_a_window_leaves_unchanged)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 by every column, driven with change rows made here and no Spark (every value is typed in
 Python): equal rows are counted, also where the first column is an array (no unique nor isin
 for lists), a float that is NaN or -0 (which a MERGE takes as equal and isin does not), and
-in a batch whose changes cancel out (nothing to put). tests/test_spark_mirror.py compares
+in a batch whose changes cancel out (nothing to put). tests/spark/test_spark_mirror.py compares
 them with SELECT * after a server's workload."""
 
 from __future__ import annotations

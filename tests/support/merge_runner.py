@@ -1,4 +1,4 @@
-"""A pipeline into MergeIntoWriter, in a process that tests/test_spark_mergeinto.py kills:
+"""A pipeline into MergeIntoWriter, in a process that tests/spark/test_spark_mergeinto.py kills:
 
     PYTHONPATH=tests python tests/support/merge_runner.py --dsn ... --slot ... --work DIR \\
         --jar ROWLEVEL_JAR [--endpos LSN] [--kill-from BATCH] [--max-rows N]

@@ -20,7 +20,7 @@
 #include "_pgrow.h" /* the output buffer and TupleData reading, shared with _jsonrow.c */
 
 /* How a column's value prints: one code per converter of relation.py (emitters/wal2json/
- * fast.py maps them; tests/test_wal2json_native.py holds each to its converter). */
+ * fast.py maps them; tests/emitters/test_wal2json_native.py holds each to its converter). */
 enum { V_STRING, V_NUMBER, V_NUMBER_STRING, V_BOOL, V_BYTEA, V_CODES };
 
 typedef struct {

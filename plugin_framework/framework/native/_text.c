@@ -8,7 +8,7 @@
  * join) only to throw it away, a fifth of an initial snapshot's time. This walks the bytes
  * instead, with the same rules as Python's strict UTF-8 decoder (RFC 3629): no overlong
  * forms, no surrogates (U+D800..U+DFFF), nothing above U+10FFFF, no cut-off sequence.
- * tests/test_text_check.py holds it equal to bytes.decode on hypothesis-made bytes.
+ * tests/framework/test_text_check.py holds it equal to bytes.decode on hypothesis-made bytes.
  */
 
 #define PY_SSIZE_T_CLEAN

@@ -22,7 +22,8 @@
 
 /* How a column's text becomes its JSON value: one code per text converter that declares it
  * in plugin_framework/pgtypes/converters.py (NATIVE_KIND, by these names, which the modules
- * export with json_add_codes); tests/test_json_native.py holds each code to its converter. */
+ * export with json_add_codes); tests/emitters/test_json_native.py holds each code to its
+ * converter. */
 enum {
     C_PYCALL,       /* any other converter: call it, then orjson.dumps the result */
     C_VERBATIM,     /* orjson.Fragment: the text is the JSON value (integers, jsonb) */

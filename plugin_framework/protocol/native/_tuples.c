@@ -6,7 +6,7 @@
  * returns (kinds, values, end), the same kinds bytes and values tuple the Python code builds
  * (None for null and unchanged-TOAST columns) and the offset past the tuple, or None for
  * anything malformed, which the Python code then reads again to raise the exact error.
- * tests/test_protocol_codec.py holds the two equal on valid and damaged bytes.
+ * tests/protocol/test_protocol_codec.py holds the two equal on valid and damaged bytes.
  */
 
 #define PY_SSIZE_T_CLEAN

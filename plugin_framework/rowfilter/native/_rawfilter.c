@@ -18,7 +18,7 @@
  * AND and OR evaluate their arguments in order and stop at the deciding one. Where the
  * Python code would skip an argument that C evaluates (constant folding), C can only meet an
  * error there, which is UNSURE: the verdicts C gives are the Python code's.
- * tests/test_rowfilter_raw.py holds the two equal on random filters and rows.
+ * tests/rowfilter/test_rowfilter_raw.py holds the two equal on random filters and rows.
  */
 
 #include "_pgrow.h" /* raw row-change reading, shared with the emitters' formatters */

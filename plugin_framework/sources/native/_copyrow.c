@@ -4,8 +4,8 @@
  *
  * The initial snapshot's fast path (sources/snapshot.py). Its reference is the Python path
  * beside it: psycopg's COPY parser (Copy.rows()) and the protocol encoder
- * (encode(Insert(...))); tests/test_snapshot.py holds the two byte-equal on rows a real
- * server copies out, and tests/test_copyrow.py holds the conversion to the format below on
+ * (encode(Insert(...))); tests/sources/test_snapshot.py holds the two byte-equal on rows a real
+ * server copies out, and tests/sources/test_copyrow.py holds the conversion to the format below on
  * any bytes. The text format (PostgreSQL's CopyReadAttributesText): fields separated
  * by a tab, the row ended by a newline, \N alone for NULL, and backslash escapes: \b \f \n \r
  * \t \v, one to three octal digits, x and one or two hex digits, any other character itself.

@@ -209,7 +209,7 @@ def copy_chunks(conn: psycopg.Connection[Any], table: TableCopy, chunk_rows: int
                 fast: bool = True, statement: sql.Composed | None = None) -> Iterator[Chunk]:
     """A table's rows, as COPY reads them in ``conn``'s transaction, in chunks. ``fast``:
     through the C module where it is built, and libpq (``copy_out``); else psycopg's Copy
-    (the same bytes, tests/test_snapshot.py). ``statement``: a copy_statement of part of
+    (the same bytes, tests/sources/test_snapshot.py). ``statement``: a copy_statement of part of
     them (incremental.py's chunk)."""
     relid, ncols = table.relid, len(table.columns)
     statement = statement or copy_statement(table)

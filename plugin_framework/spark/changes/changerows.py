@@ -2,7 +2,7 @@
 native/_changerows.c.
 
 A ``ChangeRows`` appends a raw row-change message to a ``ChangeBuilder``'s column lists as
-``ChangeBuilder.add_change`` would append the decoded change (tests/test_spark_changerows.py
+``ChangeBuilder.add_change`` would append the decoded change (tests/spark/test_spark_changerows.py
 holds them equal). A column's JSON value is made in C when its text converter declares a
 native code in ``plugin_framework.pgtypes.NATIVE_KIND`` (the json emitter's C values, shared
 through ``pgtypes/native/_jsonvalue.h``); any other converter the C code calls.

@@ -6,7 +6,7 @@ server writes (the change rows' ``row`` map of the server's text, and the json e
 JSON for arrays), the value Spark's gives. A text in a form this module does not know to give
 the same for (a number with spaces, an odd number of hex digits, a nested JSON object ...)
 raises ``Decline``, and the caller types that batch with the Spark expressions.
-tests/test_spark_arrowtyped.py proves both equal on values a server writes, type by type.
+tests/spark/test_spark_arrowtyped.py proves both equal on values a server writes, type by type.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ This runs in the driver over the batch's rows of the table (the batch is there a
 both ways in build it there): its cost grows with the batch, not with the target. A batch
 with no update's old row, no unchanged TOAST value and no TRUNCATE (the usual batch of a
 table with a primary key) is netted a column at a time in Arrow (``simple_net``: each key's
-last change); the replay is the reference, and tests/test_spark_netchange.py proves the two
+last change); the replay is the reference, and tests/spark/test_spark_netchange.py proves the two
 equal on random batches.
 """
 

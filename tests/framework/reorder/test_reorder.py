@@ -8,8 +8,9 @@ with stream callbacks gets the blocks as sent, one without gets the transaction 
 Stream Commit with aborted subtransactions left out; a two-phase plugin gets a prepared
 transaction at PREPARE (unless filter_prepare says no), the others at COMMIT PREPARED and
 nothing at ROLLBACK PREPARED; non-transactional messages at once. The cases of
-tests/test_delivery_edges.py are reproduced here first, in the same order. Re-sends, spills
-and restarts of every kind of transaction at once: tests/test_reorder_recovery.py.
+tests/framework/reorder/test_delivery_edges.py are reproduced here first, in the same order.
+Re-sends, spills and restarts of every kind of transaction at once:
+tests/framework/reorder/test_reorder_recovery.py.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from support.scripted import (
 
 from plugin_framework import LSN, Pipeline, PipelineError
 
-# --- the cases of tests/test_delivery_edges.py -----------------------------------------------
+# --- the cases of tests/framework/reorder/test_delivery_edges.py -------------------------------
 
 
 def test_message_just_before_commit_neither_hides_nor_unacks_the_transaction() -> None:

@@ -11,7 +11,7 @@
  * mirror of the converters the builder calls). Whatever could DEFER (a binary column, a
  * malformed message, a value whose converter raises) is decided before the first append, so
  * a None leaves the lists as they were and add_change then takes the change (and raises what
- * it deserves). tests/test_spark_changerows.py holds the two equal.
+ * it deserves). tests/spark/test_spark_changerows.py holds the two equal.
  */
 
 #include "_jsonvalue.h" /* values as JSON; the output buffer and TupleData reading */
