@@ -136,6 +136,7 @@ def _state(checkpoint: Path) -> str | None:
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.soak
 def test_mirrors_killed_during_the_copy_and_the_stream_equal_the_tables(
         db: Any, env: dict[str, str], tmp_path: Path, fmt: str) -> None:
     db.execute(SCHEMA)

@@ -192,6 +192,7 @@ def test_stream_left_open_by_a_stop_is_aborted_before_it_comes_again(
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["first", "after-others"])
 @pytest.mark.parametrize("streaming", ["on", "off"])
+@pytest.mark.soak
 def test_kill9_in_large_transaction_then_restart(db: Any, env: dict[str, str], tmp_path: Path,
                                                  where: str, streaming: str) -> None:
     make_table(db.conninfo)
@@ -298,6 +299,7 @@ def prepared_across_kill9(db: Any, env: dict[str, str], tmp_path: Path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("two_phase_slot", [True, False], ids=["two-phase-slot", "plain-slot"])
+@pytest.mark.soak
 def test_prepared_transaction_pending_across_kill9(db: Any, env: dict[str, str],
                                                    tmp_path: Path, two_phase_slot: bool) -> None:
     """A plugin without two-phase callbacks gets the transaction once, at COMMIT PREPARED;

@@ -163,6 +163,7 @@ def snapshot_state(out: Path) -> tuple[bool, bool]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_kill_9_during_the_copy_goes_on_without_doubles(db: Any, env: dict[str, str],
                                                         tmp_path: Path) -> None:
     """Killed at random points of the copy (5 times): a run that finds it unfinished goes on
@@ -252,6 +253,7 @@ def resumed_copy_done(log: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("into", ["file", "pipe"])
+@pytest.mark.soak
 def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
         db: Any, env: dict[str, str], tmp_path: Path, into: str) -> None:
     """The copy's connections are terminated during the copy (a network cut): the run
@@ -959,6 +961,7 @@ def test_incremental_snapshot_of_a_table_added_to_a_running_stream(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_incremental_snapshot_keeps_the_toast_values_a_window_leaves_unchanged(
         db: Any, env: dict[str, str], tmp_path: Path) -> None:
     """Rows with a TOASTed value (stored out of line), changed inside their own chunk's
@@ -1113,6 +1116,7 @@ def test_pgdecode_snapshot_refuses_a_table_the_stream_could_not_take(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_incremental_snapshot_resumes_at_the_next_chunk_after_kill_9(
         db: Any, env: dict[str, str], tmp_path: Path) -> None:
     """`stream --snapshot-table`, killed at random points of the snapshot (3 times) while a
@@ -1200,6 +1204,7 @@ def test_a_request_for_a_table_it_cannot_take_leaves_the_stream_running(
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_incremental_snapshot_goes_on_after_lost_connections(db: Any, env: dict[str, str],
                                                              tmp_path: Path) -> None:
     """The walsender is terminated twice during `--snapshot-table small --snapshot-table

@@ -472,6 +472,7 @@ def run_key_changes(conn: Any, seed: int, transactions: int) -> None:
             ex("COMMIT")
 
 
+@pytest.mark.soak
 def test_kill_9s_after_merges_give_the_table(db: Any, spark: Any, catalog: str,
                                              rowlevel_jar: Path, tmp_path: Path) -> None:
     """A workload of key changes (with prepared, streamed and savepoint-rolled-back

@@ -48,6 +48,7 @@ from plugin_framework.spark.mirrors.statefiles import StateFiles
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.soak
 def test_mirror_equals_the_tables_for_any_batch_size(db: Any, spark: Any,
                                                      tmp_path: Path) -> None:
     with db.connect(autocommit=True) as conn:

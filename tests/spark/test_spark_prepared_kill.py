@@ -103,6 +103,7 @@ def _kill(db: Any, slot: str, proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.soak
 def test_prepared_transactions_killed_at_every_step_reach_the_batches_once(
         db: Any, tmp_path: Path) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, round text, v text);"

@@ -44,6 +44,7 @@ def _start(way: str, db: Any, slot: str, work: Path, *, endpos: str | None,
 
 
 @pytest.mark.parametrize("way", ["emitter", "source"])
+@pytest.mark.soak
 def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: Any,
                                                       tmp_path: Path) -> None:
     slot, ref = f"{db.dbname}_{way}", f"{db.dbname}_ref"
@@ -73,6 +74,7 @@ def test_kill_mid_batch_then_restart_gives_the_tables(way: str, db: Any, spark: 
     assert_changelog_complete(spark, db, str(work / "log"), ref)
 
 
+@pytest.mark.soak
 def test_random_workload_with_kill_9s_gives_the_tables_and_their_history(
         db: Any, tmp_path: Path) -> None:
     """test_spark_mirror's random workload (key-change chains, TOAST kept, TRUNCATE, a FULL

@@ -109,6 +109,7 @@ def check_batches(db: Any, batches: Path, asked_again: bool = False) -> list[dic
     return lines
 
 
+@pytest.mark.soak
 def test_spark_emitter_snapshot_survives_kill_9_and_equals_the_tables(
         db: Any, tmp_path: Path) -> None:
     """`pgdecode stream --emitter spark --create-slot --snapshot initial`, killed with
@@ -435,6 +436,7 @@ def source_query(spark: Any, db: Any, slot: str, checkpoint: Path, fn: Any,
             .trigger(processingTime="0.2 seconds").start())
 
 
+@pytest.mark.soak
 def test_source_snapshot_survives_restarts_and_equals_the_tables(db: Any, spark: Any,
                                                                  tmp_path: Path) -> None:
     """``readStream.format("pgoutput").option("snapshot", "initial")`` copies the tables
