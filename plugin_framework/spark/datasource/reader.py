@@ -21,7 +21,8 @@ to the executors inside its input partitions, as Arrow IPC.
 
 Options: ``dsn``, ``slot``, ``publication`` (comma-separated), ``createSlot`` (false; creates
 a two-phase slot, so that prepared transactions keep their gid), ``maxChangesPerBatch``
-(100000; Spark's read limit, see ``latestOffset``), ``rowsPerPartition`` (50000),
+(100000; Spark's read limit, see ``latestOffset``), ``rowsPerPartition`` (50000; fewer
+where the rows are wide: a partition holds about 768 KiB at most),
 ``idleAdvanceBytes`` (16 MB: how much WAL without changes for us lets an empty batch move
 the slot on), ``protoVersion``,
 ``streaming`` (on), ``snapshot`` (``never``, or ``initial``: a query that starts without a
@@ -92,18 +93,33 @@ class ArrowPartition(InputPartition):
         return f"ArrowPartition({len(self.data)} bytes)"
 
 
-def _partitions(table: pa.Table | None, rows_per_partition: int) -> list[ArrowPartition]:
+# The most a partition's rows take: a task carries its partition, and Spark warns of every
+# task over 1000 KiB ("Stage N contains a task of very large size"), which a snapshot chunk
+# of wide rows made once per batch. Below it, with room for the task's own fields.
+PARTITION_BYTES = 768 << 10
+
+
+def _partitions(table: pa.Table | None, rows_per_partition: int,
+                max_bytes: int = PARTITION_BYTES) -> list[ArrowPartition]:
+    """A batch's rows in order, in partitions of at most ``rows_per_partition`` rows and
+    about ``max_bytes`` of Arrow data (a partition holds at least one row, however wide)."""
     import pyarrow as pa
 
     if table is None or table.num_rows == 0:
         return []
     out = []
-    for offset in range(0, table.num_rows, rows_per_partition):
-        chunk = table.slice(offset, rows_per_partition)
+    offset = 0
+    while offset < table.num_rows:
+        rows = min(rows_per_partition, table.num_rows - offset)
+        chunk = table.slice(offset, rows)
+        while rows > 1 and chunk.nbytes > max_bytes:
+            rows = max(1, rows * max_bytes // chunk.nbytes)
+            chunk = table.slice(offset, rows)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, chunk.schema) as writer:
             writer.write_table(chunk)
         out.append(ArrowPartition(sink.getvalue().to_pybytes()))
+        offset += rows
     return out
 
 
