@@ -9,6 +9,7 @@ function's tuplestore); here each write is an ``OutputRecord`` handed to the plu
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
@@ -180,17 +181,38 @@ class DeliversElsewhere(Protocol):
 
 C = TypeVar("C")
 _capable: dict[tuple[type, type], bool] = {}
+_ABSENT = object()
+
+
+def _members(capability: type) -> frozenset[str]:
+    """The public names a protocol declares (its methods, properties and attributes), with
+    those of the protocols it extends."""
+    names: set[str] = set()
+    for base in capability.__mro__:
+        if base.__module__ not in ("typing", "builtins"):
+            names.update(vars(base), getattr(base, "__annotations__", {}))
+    return frozenset(n for n in names if not n.startswith("_"))
+
+
+def _has(output: object, capability: type) -> bool:
+    """Whether ``output`` declares ``capability`` (names it as a base) or has every member
+    of it, looked up without running any: typing's isinstance on Python 3.11 reads each
+    member with hasattr, which runs a property (RecordingSnapshots.snapshot_state opened the
+    Spark emitter's checkpoint before the stream gave it its slot)."""
+    if capability in type(output).__mro__:
+        return True
+    return all(inspect.getattr_static(output, name, _ABSENT) is not _ABSENT
+               for name in _members(capability))
 
 
 def capable(output: object, capability: type[C]) -> TypeGuard[C]:
-    """Whether ``output`` has ``capability`` (one of the protocols above): ``isinstance``,
-    remembered for the output's class (a protocol's isinstance looks at every member, and
-    the pipeline asks for every transaction); a module (a plugin of hook functions) is
-    asked each time, modules being of one class."""
+    """Whether ``output`` has ``capability`` (one of the protocols above), remembered for
+    the output's class (the pipeline asks for every transaction); a module (a plugin of
+    hook functions) is asked each time, modules being of one class."""
     if isinstance(output, ModuleType):
-        return isinstance(output, capability)
+        return _has(output, capability)
     key = (type(output), capability)
     known = _capable.get(key)
     if known is None:
-        known = _capable[key] = isinstance(output, capability)
+        known = _capable[key] = _has(output, capability)
     return known
