@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -23,6 +24,27 @@ def replace_durably(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_directory(path.parent)
+
+
+def create_durably(path: Path, write: Callable[[IO[bytes]], object]) -> bool:
+    """Create ``path`` with what ``write`` writes, unless it exists: False then, and the
+    file is left as it is. Written whole under a name of its own, then linked into place,
+    so that of two processes (or threads) creating it at once the first wins and the other
+    reads what it wrote."""
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+    return True
 
 
 def fsync_directory(directory: Path) -> None:

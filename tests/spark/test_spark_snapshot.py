@@ -217,7 +217,7 @@ def test_foreach_batch_stream_takes_the_initial_snapshot(db: Any, spark: Any,
         writer.stop()
         end = current_lsn(db.conninfo)
         try:
-            wait_for(lambda: stream.plugin.delivered >= end or stream.error is not None,
+            wait_for(lambda: stream.error is not None or stream.plugin.delivered >= end,
                      timeout=300, what="the writer's changes delivered")
         except TimeoutError as e:  # (seen once in CI): say where the stream was
             raise TimeoutError(f"{e}; {stream_state(stream, end)}") from None

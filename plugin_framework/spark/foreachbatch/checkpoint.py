@@ -36,7 +36,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from plugin_framework import LSN
 from plugin_framework.framework import statecheck as check
-from plugin_framework.framework.durable import replace_durably
+from plugin_framework.framework.durable import create_durably, replace_durably
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,7 +99,11 @@ class Checkpoint:
         self.commits.mkdir(parents=True, exist_ok=True)
         self.data.mkdir(exist_ok=True)
         meta = self.directory / "metadata"
-        if meta.exists():
+        metadata: dict[str, Any] = {"version": 1, "slot": slot, "id": uuid.uuid4().hex,
+                                    "created": datetime.now(UTC).isoformat()}
+        # made once: a reader of the checkpoint and its stream starting at once agree on it
+        if meta.exists() or not create_durably(
+                meta, lambda f: f.write(check.dump_state(metadata))):
             metadata = _read(meta, check.read_checkpoint_metadata)
             recorded = metadata.get("slot")
             if slot is not None and recorded is not None and recorded != slot:
@@ -107,10 +111,9 @@ class Checkpoint:
                     f'checkpoint {self.directory} belongs to slot "{recorded}", not "{slot}": '
                     "each slot needs a checkpoint directory of its own"
                 )
-        else:
-            metadata = {"version": 1, "slot": slot, "created": datetime.now(UTC).isoformat(),
-                        "id": uuid.uuid4().hex}
-            _write_atomic(meta, metadata)
+            if slot is not None and recorded is None:  # made by a reader: the stream's now
+                metadata = {**metadata, "slot": slot}
+                _write_atomic(meta, metadata)
         # which batches its ids number (the sinks tell a target's query by it); a checkpoint
         # made before ids has its creation time
         self.id = str(metadata.get("id") or metadata.get("created"))

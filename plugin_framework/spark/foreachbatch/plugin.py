@@ -66,6 +66,7 @@ class ForeachBatchPlugin(MicroBatcher, OutputPlugin):
         self.output = MicroBatchOutput(self)
         self.batches = 0  # delivered by this process
         self.rows_delivered = 0
+        self.delivered = LSN(0)  # what the slot may forget (set from the checkpoint at startup)
         self.last_batch = None
         self._ready = False
         self._failed = False
