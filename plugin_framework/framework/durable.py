@@ -18,10 +18,7 @@ NO_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS
 def replace_durably(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Replace ``path`` with what ``write`` writes to the file it is given."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    _write_synced(tmp, write)
     os.replace(tmp, path)
     fsync_directory(path.parent)
 
@@ -33,10 +30,7 @@ def create_durably(path: Path, write: Callable[[IO[bytes]], object]) -> bool:
     reads what it wrote."""
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, write)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -45,6 +39,14 @@ def create_durably(path: Path, write: Callable[[IO[bytes]], object]) -> bool:
         tmp.unlink(missing_ok=True)
     fsync_directory(path.parent)
     return True
+
+
+def _write_synced(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """A new file at ``path`` holding what ``write`` writes, fsynced."""
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def fsync_directory(directory: Path) -> None:
