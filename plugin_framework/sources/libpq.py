@@ -32,7 +32,7 @@ from psycopg import pq, sql
 from psycopg.abc import Buffer
 
 from plugin_framework._native import load_native
-from plugin_framework.sources.replication import failed_result
+from plugin_framework.sources.replication import ReadCopyData, failed_result
 
 if TYPE_CHECKING:
     from plugin_framework.sources.native import _copyrow
@@ -179,3 +179,11 @@ def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> psycopg.Err
             return psycopg.DatabaseError(message)
     message = pgconn.get_error_message().strip()
     return psycopg.OperationalError(message or "the COPY ended without a result")
+
+
+def copy_data_reader() -> ReadCopyData | None:
+    """``_copyrow.read_copy_data`` (the replication stream's reader of the messages libpq
+    has buffered) where it is built and bound to psycopg's libpq, else None."""
+    if _copyrow is None or not copy_reader_bound():
+        return None
+    return _copyrow.read_copy_data

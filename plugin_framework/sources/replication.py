@@ -9,7 +9,7 @@ from __future__ import annotations
 import select
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,9 @@ from plugin_framework.protocol import (
 )
 
 _BATCH = 512  # read_batch returns at most this many payloads
+
+# sources/native/_copyrow.c's read_copy_data: (pgconn_ptr, max_messages) -> (messages, status)
+ReadCopyData = Callable[[int, int], tuple[list[bytes], int]]
 
 
 def failed_result(result: pq.abc.PGresult | None) -> tuple[str, str | None] | None:
@@ -62,7 +65,12 @@ class ReplicationStream:
         )
         self._streaming = False
         self._copy_ended = False  # read_batch saw the end of the copy, not yet reported
-        self._pending: deque[memoryview] = deque()  # read a batch at a time, returned one by one
+        self._pending: deque[bytes | memoryview] = deque()  # read a batch at a time
+        # The C reader of buffered messages where it is built and bound to psycopg's libpq
+        # (sources/libpq.py), else None: psycopg.pq's get_copy_data, its reference, reads.
+        from plugin_framework.sources.libpq import copy_data_reader  # (it imports this module)
+
+        self._read_buffered: ReadCopyData | None = copy_data_reader()
 
     def identify_system(self) -> tuple[str, int, LSN, str | None]:
         """(system id, timeline, current WAL flush LSN, database name)."""
@@ -87,28 +95,38 @@ class ReplicationStream:
                 return None
         return decode_copy_data(self._pending.popleft())
 
-    def read_batch(self, timeout: float) -> list[memoryview]:
+    def read_batch(self, timeout: float) -> list[bytes | memoryview]:
         """Every CopyData payload buffered now, raw ('w' XLogData or 'k' keepalive, see
         plugin_framework.protocol.framing); waits up to ``timeout`` s for the first. Empty if
         none arrived in time. Reading in batches takes the per-message bookkeeping (clock,
-        stop requests) out of the hot loop."""
+        stop requests) out of the hot loop; the C reader (``_read_buffered``) takes what libpq
+        has buffered in one call, as bytes (get_copy_data's are memoryviews)."""
         if self._pending:  # what read() took from the last batch and has not returned yet
             left = list(self._pending)
             self._pending.clear()
             return left
         pgconn = self.conn.pgconn
         get = pgconn.get_copy_data
-        batch: list[memoryview] = []
+        read = self._read_buffered
+        batch: list[bytes | memoryview] = []
         if self._copy_ended:
             self._copy_ended = self._streaming = False
             self._raise_copy_end()
         while True:
-            nbytes, data = get(1)
-            if nbytes > 0:
-                batch.append(data)
-                if len(batch) < _BATCH:
-                    continue
-                return batch
+            # the PGconn's address (psycopg's PGconn has it, its abc does not; None closed)
+            ptr: int | None = None if read is None else getattr(pgconn, "pgconn_ptr", None)
+            if ptr is not None and read is not None:
+                got, nbytes = read(ptr, _BATCH - len(batch))
+                batch += got
+                if nbytes > 0:  # _BATCH of them
+                    return batch
+            else:
+                nbytes, data = get(1)
+                if nbytes > 0:
+                    batch.append(data)
+                    if len(batch) < _BATCH:
+                        continue
+                    return batch
             if nbytes < 0:
                 if batch:  # deliver these first; the next call reports the end
                     self._copy_ended = True

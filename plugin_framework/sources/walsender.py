@@ -38,6 +38,8 @@ from plugin_framework.protocol.framing import (
     xlogdata_wal_start,
 )
 from plugin_framework.protocol.lsn import wire_lsn
+from plugin_framework.protocol.raw import ROW_CHANGE_TAGS
+from plugin_framework.protocol.runs import row_change_run
 from plugin_framework.sources import slots
 from plugin_framework.sources.errors import ConnectionLost, SourceError, explain
 from plugin_framework.sources.monitor import SlotMonitor
@@ -307,6 +309,7 @@ class WalsenderSource:
             stop = self._stop.is_set
             read_batch = repl.read_batch
             feed = pipeline.feed
+            feed_run = pipeline.feed_run
             tap = self.tap
             interval = cfg.status_interval
             endpos = cfg.endpos
@@ -326,13 +329,27 @@ class WalsenderSource:
                 batch = read_batch(min(wait, 1.0))
                 progress.messages += len(batch)  # keepalives are taken off below
                 progress.bytes += sum(map(len, batch))
-                for raw in batch:
-                    if raw[0] == XLOGDATA_TAG and len(raw) >= header and tap is None:
-                        # The hot path: no XLogData object, no send time.
+                i, end = 0, len(batch)
+                while i < end:
+                    raw = batch[i]
+                    i += 1
+                    if raw[0] == XLOGDATA_TAG and len(raw) > header and tap is None:
+                        # The hot path: no XLogData object, no send time; a run of row
+                        # changes in one call of the pipeline (outside an incremental
+                        # snapshot's window, where each change is looked at). A run leaves
+                        # a transaction open: no end position or stop to look for after it.
+                        if incremental.current is None and raw[header] in ROW_CHANGE_TAGS:
+                            datas, lsns, after = row_change_run(batch, i - 1)
+                            if datas:
+                                i = after
+                                if lsns[-1] > received:
+                                    received = lsns[-1]
+                                feed_run(datas, lsns)
+                                continue
                         wal_start = wire_lsn(wal_start_of(raw, 1)[0])
                         if wal_start > received:
                             received = wal_start
-                        payload = raw[header:].tobytes()
+                        payload = bytes(raw[header:])
                         if (payload[0] == _MESSAGE or incremental.current is not None) \
                                 and incremental.intercept(payload, wal_start):
                             continue  # a watermark or a request: not the plugins'

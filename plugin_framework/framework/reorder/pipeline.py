@@ -50,6 +50,7 @@ from plugin_framework.framework.reorder.txn import (
     RAW_UNSURE,
     UNPLANNED,
     PipelineError,
+    TxnState,
 )
 from plugin_framework.protocol import (
     LSN,
@@ -251,40 +252,88 @@ class Pipeline(Streams, TwoPhase):
         message = self.decoder.decode(data)
         self._handlers[type(message)](message, lsn, data)
 
-    def _feed_inserts(self, relid: int, datas: list[bytes], lsn: LSN) -> None:
-        """Raw Insert messages of relation ``relid``, all at ``lsn``, in the open ordinary
-        transaction (a snapshot's chunk): what ``feed`` does with each in turn, except that
-        a member's formatter takes the run in one call (``_deliver_many``)."""
+    def feed_run(self, datas: list[bytes], lsns: list[LSN]) -> None:
+        """A run of row changes at their LSNs, as the walsender source finds them in what it
+        reads (protocol/runs.py: the same type byte and the same id after it): what ``feed``
+        does with each in turn. An ordinary transaction's changes of one relation go to each
+        member's formatter in one call (``_feed_changes``); a stream block's that only go to
+        its spool are spooled without a trip through ``feed`` each."""
+        if self._pending is not None:  # what feed does at any message but a StreamPrepare
+            self._release_block()
+        stream, state = self._stream, self._txn
+        if stream is None and state is not None and len(datas[0]) >= ROW_CHANGE_MIN_SIZE:
+            if not state.started:
+                self._start(state)
+            if state.fast is not None:
+                self._feed_changes(ID_AFTER_TAG.unpack_from(datas[0], 1)[0], datas[0][0],
+                                   datas, lsns)
+                return
+        elif stream is not None and stream.in_block and not stream.live \
+                and stream.spool is not None:
+            self._spool_run(stream, datas, lsns)
+            return
+        for data, lsn in zip(datas, lsns, strict=True):
+            self.feed(data, lsn)
+
+    def _spool_run(self, stream: TxnState, datas: list[bytes], lsns: list[LSN]) -> None:
+        """``feed`` of each of a run of a stream block's row changes that only go to its
+        spool (those too short for their ids go through ``feed``, which reports them)."""
+        spool = stream.spool
+        assert spool is not None
+        counts = stream.counts
+        for data, lsn in zip(datas, lsns, strict=True):
+            if len(data) < STREAMED_CHANGE_MIN_SIZE:
+                self.feed(data, lsn)
+                continue
+            self.changes += 1
+            xid = ID_AFTER_TAG.unpack_from(data, 1)[0]
+            key = (xid, ID_AFTER_TAG.unpack_from(data, 5)[0], data[0])
+            counts[key] = counts.get(key, 0) + 1
+            spool.append(lsn, xid, True, data)
+
+    def _feed_changes(self, relid: int, tag: int, datas: list[bytes],
+                      lsns: LSN | list[LSN]) -> None:
+        """Raw row changes of type ``tag`` of relation ``relid`` in the open ordinary
+        transaction, all at one LSN (a snapshot's chunk) or each at its own (a list): what
+        ``feed`` does with each in turn, except that a member's formatter takes the run in
+        one call (``_deliver_many``)."""
         state = self._current("rows")
-        fast, verdicts = state.fast, state.raw_filters
+        fast, verdicts, spool = state.fast, state.raw_filters, state.spool
         writers = None
-        if fast is not None and state.spool is None and self._stream is None \
-                and self._pending is None:
+        if fast is not None and self._stream is None and self._pending is None:
             writers = fast.get(relid, UNPLANNED)
             if writers is UNPLANNED:
                 writers = self._plan_writers(state, relid)
+        each = lsns if isinstance(lsns, list) else [lsns] * len(datas)
         if writers is None:  # no formatter, or the filter must see each change decoded
-            for data in datas:
+            for data, lsn in zip(datas, each, strict=True):
                 self.feed(data, lsn)
             return
         xid = state.base.xid
-        run = datas
+        run, at = datas, lsns
         decided = len(datas)  # counted here; an unsure one where it is decoded
-        if verdicts is not None:
-            verdict, run = verdicts[relid], []
-            for data in datas:
-                said = verdict(data)
+        if verdicts is not None or spool is not None:
+            verdict = None if verdicts is None else verdicts[relid]
+            run = []
+            run_at: list[LSN] = []
+            for data, lsn in zip(datas, each, strict=True):
+                said = RAW_PASS if verdict is None else verdict(data)
                 if said == RAW_UNSURE:  # decoded and filtered, in its place (as feed does)
                     decided -= 1
-                    self._deliver_many(writers, run, lsn, xid, state)
-                    run = []
+                    self._deliver_many(writers, run, run_at, xid, state)
+                    run, run_at = [], []
                     message = self.decoder.decode(data)
                     self._handlers[type(message)](message, lsn, data)
-                elif said == RAW_PASS:
+                    continue
+                if said == RAW_PASS:
                     run.append(data)
-        self._deliver_many(writers, run, lsn, xid, state)
+                    run_at.append(lsn)
+                if spool is not None:
+                    spool.append(lsn, 0, False, data)
+            at = run_at
+        self._deliver_many(writers, run, at, xid, state)
         self.changes += decided
-        key = (0, relid, INSERT_TAG)
+        key = (0, relid, tag)
         state.counts[key] = state.counts.get(key, 0) + decided
 
     def feed_all(self, items: Sequence[tuple[bytes, LSN]]) -> None:
@@ -454,7 +503,7 @@ class Pipeline(Streams, TwoPhase):
             self.change_filter = self.snapshot_change_filter
             self.raw_change_filter = self.raw_snapshot_change_filter
         try:
-            self._feed_inserts(relation.relation_id, list(inserts), lsn)
+            self._feed_changes(relation.relation_id, INSERT_TAG, list(inserts), lsn)
         finally:
             self.change_filter, self.raw_change_filter = filters
         state = self._current("snapshot rows")

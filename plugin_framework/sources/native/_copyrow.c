@@ -15,6 +15,9 @@
  * turns with it. Its reference is sources/snapshot.py's copy_out loop (psycopg.pq's
  * get_copy_data, then insert_message): the same libpq calls, in the same order. libpq is the
  * library psycopg loaded, whose functions sources/libpq.py binds (bind_libpq).
+ *
+ * read_copy_data reads the replication stream's messages in the same way (no waiting, no
+ * conversion): sources/replication.py's read_batch.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -280,6 +283,48 @@ static PyObject *read_messages(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* read_copy_data(pgconn_ptr, max_messages) -> (messages, status): the CopyData messages of
+ * the COPY under way that libpq has buffered whole now, up to max_messages, as bytes; never
+ * waits. status 1 when max_messages were read (more may be buffered), 0 when no more is
+ * buffered, -1 when the COPY is over, -2 when libpq failed (its result says why). The
+ * replication stream's read (sources/replication.py's read_batch) without a trip through
+ * Python per message; its reference is that loop's psycopg.pq get_copy_data(1) calls, the
+ * same libpq calls in the same order. */
+static PyObject *read_copy_data(PyObject *self, PyObject *args) {
+    unsigned long long ptr;
+    Py_ssize_t max_messages;
+    if (!PyArg_ParseTuple(args, "Kn", &ptr, &max_messages))
+        return NULL;
+    if (pq_get_copy_data == NULL || ptr == 0 || max_messages < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        pq_get_copy_data == NULL ? "read_copy_data: libpq is not bound"
+                                                 : "read_copy_data: bad connection or count");
+        return NULL;
+    }
+    void *conn = (void *)(uintptr_t)ptr;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    int status = 1;
+    while (PyList_GET_SIZE(list) < max_messages) {
+        char *buffer = NULL;
+        int n = pq_get_copy_data(conn, &buffer, 1);
+        if (n <= 0) {  /* 0: none buffered whole; -1: the COPY is over; -2: libpq failed */
+            status = n;
+            break;
+        }
+        PyObject *message = PyBytes_FromStringAndSize(buffer, n);
+        pq_freemem(buffer);
+        if (message == NULL || PyList_Append(list, message) < 0) {
+            Py_XDECREF(message);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(message);
+    }
+    return Py_BuildValue("(Ni)", list, status);
+}
+
 static PyMethodDef methods[] = {
     {"insert_message", insert_message, METH_VARARGS,
      "insert_message(head, ncols, row) -> the pgoutput Insert message of one COPY text row"},
@@ -287,6 +332,8 @@ static PyMethodDef methods[] = {
      "bind_libpq(get_copy_data, consume_input, freemem, socket): libpq's function addresses"},
     {"read_messages", read_messages, METH_VARARGS,
      "read_messages(head, ncols, pgconn_ptr, max_rows) -> (Insert messages, status)"},
+    {"read_copy_data", read_copy_data, METH_VARARGS,
+     "read_copy_data(pgconn_ptr, max_messages) -> (CopyData messages buffered now, status)"},
     {NULL, NULL, 0, NULL},
 };
 
