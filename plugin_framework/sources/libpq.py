@@ -1,5 +1,6 @@
 """COPY ... TO STDOUT through psycopg's copy of libpq (``copy_out``), and that library bound
-to the C COPY reader (``_copyrow.read_messages``).
+to the C COPY reader (``_copyrow.read_messages``) and to the replication stream's reader of
+buffered messages (``_copyrow.read_copy_data``, ``copy_data_reader``).
 
 The snapshots read COPY rows through libpq (``copy_out``, for snapshot.py). Read from
 Python, each row costs a call of psycopg's ``get_copy_data`` and its result objects, all under
@@ -32,7 +33,6 @@ from psycopg import pq, sql
 from psycopg.abc import Buffer
 
 from plugin_framework._native import load_native
-from plugin_framework.sources.replication import ReadCopyData, failed_result
 
 if TYPE_CHECKING:
     from plugin_framework.sources.native import _copyrow
@@ -40,6 +40,18 @@ else:
     _copyrow = load_native("plugin_framework.sources.native._copyrow")
 
 log = logging.getLogger("pgdecode.snapshot")
+
+# sources/native/_copyrow.c's read_copy_data: (pgconn_ptr, max_messages) -> (messages, status)
+ReadCopyData = Callable[[int, int], tuple[list[bytes], int]]
+
+
+def failed_result(result: pq.abc.PGresult | None) -> tuple[str, str | None] | None:
+    """The server's message and SQLSTATE of a failed libpq result; None if it did not fail."""
+    if result is None or result.status != pq.ExecStatus.FATAL_ERROR:
+        return None
+    message = (result.error_message or b"").decode(errors="replace").strip()
+    code = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return message, code.decode() if code else None
 
 _LIBPQ = re.compile(r"libpq([-.].*)?\.(so|dylib)(\.|$)")
 _FUNCTIONS = ("PQgetCopyData", "PQconsumeInput", "PQfreemem", "PQsocket")

@@ -9,12 +9,11 @@ from __future__ import annotations
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import pq
 
 from plugin_framework.pgtypes import quote_ident_always, quote_standard_literal
 from plugin_framework.protocol import (
@@ -25,20 +24,10 @@ from plugin_framework.protocol import (
     decode_copy_data,
     encode_copy_data,
 )
+from plugin_framework.sources.libpq import ReadCopyData, copy_data_reader, failed_result
 
 _BATCH = 512  # read_batch returns at most this many payloads
 
-# sources/native/_copyrow.c's read_copy_data: (pgconn_ptr, max_messages) -> (messages, status)
-ReadCopyData = Callable[[int, int], tuple[list[bytes], int]]
-
-
-def failed_result(result: pq.abc.PGresult | None) -> tuple[str, str | None] | None:
-    """The server's message and SQLSTATE of a failed libpq result; None if it did not fail."""
-    if result is None or result.status != pq.ExecStatus.FATAL_ERROR:
-        return None
-    message = (result.error_message or b"").decode(errors="replace").strip()
-    code = result.error_field(pq.DiagnosticField.SQLSTATE)
-    return message, code.decode() if code else None
 
 
 class ReplicationError(Exception):
@@ -68,8 +57,6 @@ class ReplicationStream:
         self._pending: deque[bytes | memoryview] = deque()  # read a batch at a time
         # The C reader of buffered messages where it is built and bound to psycopg's libpq
         # (sources/libpq.py), else None: psycopg.pq's get_copy_data, its reference, reads.
-        from plugin_framework.sources.libpq import copy_data_reader  # (it imports this module)
-
         self._read_buffered: ReadCopyData | None = copy_data_reader()
 
     def identify_system(self) -> tuple[str, int, LSN, str | None]:
