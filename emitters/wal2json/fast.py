@@ -107,11 +107,43 @@ def v1_row_format(st: State, r: Rel
             return (later if st.nr_changes > 1 else first) + text
         return chunk
 
-    def part(data: bytes, lsn: int, txn: Any) -> Literal[True] | None:
-        text = body(data, lsn, txn)
+    return V1Parts(st, body, first, later)
+
+
+class V1Parts:
+    """The formatter of a table's v1 changes for a document per transaction: each change's
+    text is added to the document (``st.v1_parts``, written at the commit), so it writes no
+    record. ``lines`` takes a run of changes in one call (no record for any of them)."""
+
+    __slots__ = ("body", "first", "later", "st")
+
+    def __init__(self, st: State, body: Callable[[bytes, int, Any], bytes | None],
+                 first: bytes, later: bytes) -> None:
+        self.st, self.body, self.first, self.later = st, body, first, later
+
+    def __call__(self, data: bytes, lsn: int, txn: Any) -> Literal[True] | None:
+        text = self.body(data, lsn, txn)
         if text is None:
             return None
+        st = self.st
         st.nr_changes += 1
-        st.v1_parts.append((later if st.nr_changes > 1 else first) + text)
+        st.v1_parts.append((self.later if st.nr_changes > 1 else self.first) + text)
         return True
-    return part
+
+    def lines(self, datas: list[bytes], start: int, lsn: int | list[int], txn: Any
+              ) -> tuple[list[bytes], int]:
+        """``__call__`` of ``datas[start]``, ``datas[start + 1]``, ...: no records, and the
+        index of the first change it leaves to the change callback (``len(datas)`` if
+        none)."""
+        st, body, later = self.st, self.body, self.later
+        parts = st.v1_parts
+        if isinstance(lsn, list) and len(lsn) < len(datas):
+            raise ValueError("lines(): fewer lsns than datas")
+        each = lsn if isinstance(lsn, list) else [lsn] * len(datas)
+        for i in range(start, len(datas)):
+            text = body(datas[i], each[i], txn)
+            if text is None:
+                return [], i
+            st.nr_changes += 1
+            parts.append((later if st.nr_changes > 1 else self.first) + text)
+        return [], len(datas)

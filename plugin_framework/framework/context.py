@@ -125,17 +125,20 @@ class LogicalDecodingContext:
                     "OutputType.BINARY in startup to write binary data"
                 ) from None
 
-    def _check_lines(self, datas: list[bytes]) -> None:
-        """``_check_textual`` of each of ``datas``; in C where it is built, which decodes
-        nothing (a str made of each line, or of their join, only to be dropped, was a fifth
-        of an initial snapshot's time)."""
+    def _first_invalid(self, datas: list[bytes]) -> int | None:
+        """The index of the first of ``datas`` that ``_check_textual`` refuses, or None; in C
+        where it is built, which decodes nothing (a str made of each line, or of their join,
+        only to be dropped, was a fifth of an initial snapshot's time)."""
         if first_invalid_utf8 is not None:
             bad = first_invalid_utf8(datas)
-            if bad < 0:
-                return
-            datas = datas[bad:bad + 1]  # the message says where in it
-        for data in datas:
-            self._check_textual(data)
+            return None if bad < 0 else bad
+        for i, data in enumerate(datas):
+            if not data.isascii():
+                try:
+                    data.decode()
+                except UnicodeDecodeError:
+                    return i
+        return None
 
     def write_record(self, lsn: LSN, xid: int | None, data: bytes) -> None:
         """Write ``data`` as one record at ``lsn`` (a fast_change formatter's line)."""
@@ -147,11 +150,21 @@ class LogicalDecodingContext:
     def write_records(self, lsn: LSN | list[LSN], xid: int | None,
                       datas: list[bytes]) -> None:
         """``write_record`` for each of ``datas`` (a formatter's ``lines``) at ``lsn``, or at
-        its own of a list of LSNs, in one call of the output where it has ``write_many``."""
+        its own of a list of LSNs, in one call of the output where it has ``write_many``.
+        A record that is not UTF-8 in textual mode is refused as ``write_record`` refuses
+        it, after the records before it are written."""
         self.write_location = lsn[-1] if isinstance(lsn, list) else lsn
         self.write_xid = xid
         if self.options.output_type is OutputType.TEXTUAL:
-            self._check_lines(datas)
+            bad = self._first_invalid(datas)
+            if bad is not None:
+                if bad:
+                    write_many(self.output, lsn[:bad] if isinstance(lsn, list) else lsn,
+                               xid, datas[:bad])
+                self._check_textual(datas[bad])  # raises, saying where in it
+                # (it let it through: the reference decides, and the rest is written)
+                lsn = lsn[bad:] if isinstance(lsn, list) else lsn
+                datas = datas[bad:]
         write_many(self.output, lsn, xid, datas)
 
     def emit(self, data: str | bytes) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from plugin_framework.framework.durable import replace_durably
 from plugin_framework.framework.model import Column, Relation, Transaction
-from plugin_framework.framework.spool import _ENTRY, Entry, Spool, SpoolBudget
+from plugin_framework.framework.spool import _ENTRY, Entry, Run, Spool, SpoolBudget, file_runs
 from plugin_framework.framework.statecheck import Damage, StateFileError, read_hold_header
 from plugin_framework.protocol import LSN
 
@@ -76,12 +76,21 @@ class HeldSpool(Spool):
     def append(self, lsn: LSN, xid: int, in_stream: bool, raw: bytes) -> None:
         raise HoldError("a held transaction's spool is read-only")
 
+    def append_run(self, lsns: Sequence[LSN], xid: int, in_stream: bool,
+                   raws: Sequence[bytes]) -> None:
+        raise HoldError("a held transaction's spool is read-only")
+
     def __iter__(self) -> Iterator[Entry]:
         with open(self._path, "rb") as f:
             f.seek(self._offset)
             for _ in range(self.count):
                 lsn, xid, in_stream, length = _ENTRY.unpack(f.read(_ENTRY.size))
                 yield LSN(lsn), xid, bool(in_stream), f.read(length)
+
+    def runs(self, strip: bool) -> Iterator[Run]:
+        with open(self._path, "rb") as f:
+            f.seek(self._offset)
+            yield from file_runs(f, strip, self.count)
 
 
 class HoldStore:

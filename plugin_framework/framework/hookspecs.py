@@ -169,5 +169,6 @@ def fast_change(ctx: LogicalDecodingContext, relation: Relation) -> FastChange |
     first for which it would return None, as ``(records, next)``, ``next`` that message's
     index or ``len(datas)``. ``lsn`` is every message's LSN, or a list of each one's (at the
     same index). The pipeline uses it for runs of changes it has all at once (an initial
-    snapshot's chunk, at one LSN; a transaction replayed from the spool, a list); its
-    formatter must not return True."""
+    snapshot's chunk, at one LSN; a transaction replayed from the spool, or a run of one
+    relation's changes read in one batch, a list). A formatter whose ``write`` returns True
+    returns no records (it keeps each change of the run, as ``write`` does)."""

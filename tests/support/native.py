@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
+from emitters.wal2json.fast import V1Parts
 from plugin_framework import LSN
 from plugin_framework.framework import CallbackError, MemoryOutput, Pipeline
 from plugin_framework.protocol import (
@@ -29,8 +30,11 @@ from plugin_framework.protocol import (
     RelationMessage,
     TupleData,
     Update,
+    XLogData,
     encode,
+    encode_copy_data,
 )
+from plugin_framework.protocol.runs import row_change_run
 from support.recorders import with_fast_path
 
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -118,10 +122,13 @@ def decodes(raw: bytes) -> bool:
 
 class Run:
     """An emitter's records for some messages, or its error; how many changes its formatter
-    wrote ("fast") and left to the change callback ("declined")."""
+    wrote ("fast") and left to the change callback ("declined"). With ``in_runs``, the
+    messages go in as the walsender source hands them over: framed as XLogData, each run of
+    row changes (protocol/runs.py) in one ``feed_run``."""
 
     def __init__(self, plugin: Callable[[], Any], messages: list[bytes], fast: bool,
-                 options: dict[str, str | None], proto: int = 1) -> None:
+                 options: dict[str, str | None], proto: int = 1, in_runs: bool = False
+                 ) -> None:
         self.used: Counter[str] = Counter()
         self.formatters: list[Any] = []
         pipeline = Pipeline(proto_version=proto)
@@ -130,11 +137,23 @@ class Run:
                      options=dict(options), output=out)
         pipeline.startup()
         self.error: str | None = None
-        lsn = 0x16B3748
+        lsns = [LSN(0x16B3748 + 0x100 * (i + 1)) for i in range(len(messages))]
         try:
-            for data in messages:
-                lsn += 0x100
-                pipeline.feed(data, LSN(lsn))
+            if in_runs:
+                framed = [encode_copy_data(XLogData(lsn, lsn, WHEN, data))
+                          for lsn, data in zip(lsns, messages, strict=True)]
+                i = 0
+                while i < len(framed):
+                    datas, at, after = row_change_run(framed, i)
+                    if datas:
+                        pipeline.feed_run(datas, at)
+                        i = after
+                    else:
+                        pipeline.feed(messages[i], lsns[i])
+                        i += 1
+            else:
+                for lsn, data in zip(lsns, messages, strict=True):
+                    pipeline.feed(data, lsn)
         except CallbackError as exc:
             self.error = f"{type(exc.cause).__name__}: {exc.cause}"
         self.lines = out.lines
@@ -148,6 +167,9 @@ def both(plugin: Callable[[], Any], messages: list[bytes], options: dict[str, st
     assert fast.error == reference.error
     assert fast.lines == reference.lines
     assert not reference.used
+    in_runs = Run(plugin, messages, True, options, proto, in_runs=True)
+    assert in_runs.error == reference.error
+    assert in_runs.lines == reference.lines
     for formatter in fast.formatters:
         lines_agree(formatter.write, formatter.calls)
         lsns_agree(formatter.write, formatter.calls)
@@ -177,6 +199,9 @@ def lines_agree(write: Any, calls: list[tuple[bytes, Any, Any]]) -> None:
     all at one LSN, and each at its own (a list of LSNs, as a replay hands over)."""
     if not hasattr(write, "lines"):
         return
+    if isinstance(write, V1Parts):
+        v1_lines_agree(write, calls)
+        return
     datas = [data for data, _, _ in calls]
     for start, (_, lsn, txn) in enumerate(calls):
         # the LSN of every message, or of each (distinct ones, the edges among them)
@@ -195,6 +220,30 @@ def lines_agree(write: Any, calls: list[tuple[bytes, Any, Any]]) -> None:
                 continue
             assert write.lines(datas, start, at, txn) == (expected, start + len(expected))
         if start < len(datas):  # a list that leaves out a message's LSN is refused
+            with pytest.raises(ValueError, match="fewer lsns than datas"):
+                write.lines(datas, start, own[:start], txn)
+
+
+def v1_lines_agree(write: V1Parts, calls: list[tuple[bytes, Any, Any]]) -> None:
+    """``lines_agree`` for wal2json format 1's formatter, which writes no record but adds
+    each change to the transaction's document: ``lines`` from any start adds the parts one
+    call per change would, and takes the same changes."""
+    datas = [data for data, _, _ in calls]
+    parts = write.st.v1_parts
+    for start, (_, lsn, txn) in enumerate(calls):
+        own = [LSN(EDGE_LSNS[i % len(EDGE_LSNS)]) for i in range(len(datas))]
+        for at in (lsn, own):
+            count, before = write.st.nr_changes, len(parts)
+            taken = start
+            while taken < len(datas) and write(
+                    datas[taken], at[taken] if isinstance(at, list) else at, txn) is True:
+                taken += 1
+            expected = parts[before:]
+            del parts[before:]
+            write.st.nr_changes = count
+            assert write.lines(datas, start, at, txn) == ([], taken)
+            assert parts[before:] == expected
+        if start < len(datas):
             with pytest.raises(ValueError, match="fewer lsns than datas"):
                 write.lines(datas, start, own[:start], txn)
 

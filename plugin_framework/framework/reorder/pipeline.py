@@ -276,20 +276,24 @@ class Pipeline(Streams, TwoPhase):
             self.feed(data, lsn)
 
     def _spool_run(self, stream: TxnState, datas: list[bytes], lsns: list[LSN]) -> None:
-        """``feed`` of each of a run of a stream block's row changes that only go to its
-        spool (those too short for their ids go through ``feed``, which reports them)."""
+        """``feed`` of each of a run of a stream block's row changes (one xid: the run's
+        key) that only go to its spool: counted and spooled in one go (if one is too short
+        for its ids, each goes through ``feed``, which reports it in its place)."""
         spool = stream.spool
         assert spool is not None
-        counts = stream.counts
-        for data, lsn in zip(datas, lsns, strict=True):
-            if len(data) < STREAMED_CHANGE_MIN_SIZE:
+        if min(map(len, datas)) < STREAMED_CHANGE_MIN_SIZE:
+            for data, lsn in zip(datas, lsns, strict=True):
                 self.feed(data, lsn)
-                continue
-            self.changes += 1
-            xid = ID_AFTER_TAG.unpack_from(data, 1)[0]
-            key = (xid, ID_AFTER_TAG.unpack_from(data, 5)[0], data[0])
+            return
+        self.changes += len(datas)
+        counts = stream.counts
+        xid = ID_AFTER_TAG.unpack_from(datas[0], 1)[0]
+        tag = datas[0][0]
+        relid = ID_AFTER_TAG.unpack_from
+        for data in datas:  # (the relation may change within the run)
+            key = (xid, relid(data, 5)[0], tag)
             counts[key] = counts.get(key, 0) + 1
-            spool.append(lsn, xid, True, data)
+        spool.append_run(lsns, xid, True, datas)
 
     def _feed_changes(self, relid: int, tag: int, datas: list[bytes],
                       lsns: LSN | list[LSN]) -> None:

@@ -9,6 +9,7 @@ block held back from streaming plugins (``txn.Block``) is delivered here too, as
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,8 +28,6 @@ from plugin_framework.framework.spool import Spool
 from plugin_framework.protocol import (
     ID_AFTER_TAG,
     LSN,
-    ROW_CHANGE_MIN_SIZE,
-    ROW_CHANGE_TAGS,
     CommitPrepared,
     Decoder,
     Delete,
@@ -39,6 +38,8 @@ from plugin_framework.protocol import (
     Truncate,
     Update,
 )
+
+_XID = struct.Struct(">I")
 
 
 class Replay(ReorderBufferState):
@@ -79,54 +80,55 @@ class Replay(ReorderBufferState):
                 run.clear()  # (nothing keeps them: lines() and the outputs copy)
                 run_lsns.clear()
 
-            for lsn, xid, in_stream, raw in spool:
+            # a run of one relation's changes of one (sub)transaction at a time (read_run),
+            # in the formatters' form (a streamed change without its xid) when they exist
+            for datas, lsns, xid, in_stream, is_run, _ in spool.runs(strip=fast is not None):
                 if keepalive is not None:
                     keepalive()
                 if xid and xid in aborted:
                     continue
-                if fast is not None and len(raw) >= ROW_CHANGE_MIN_SIZE + 4 * in_stream \
-                        and raw[0] in ROW_CHANGE_TAGS:
-                    # a streamed change's formatter input is the message without its xid
-                    data = raw[:1] + raw[5:] if in_stream else raw
-                    relid = ID_AFTER_TAG.unpack_from(data, 1)[0]
+                if is_run and fast is not None:
+                    relid = ID_AFTER_TAG.unpack_from(datas[0], 1)[0]
                     writers = fast.get(relid, UNPLANNED)
                     if writers is UNPLANNED:
                         rel = overlay.relations.get(relid)
                         if rel is None:
                             rel = self.relations.get(relid)
                         writers = fast[relid] = self._formatters(
-                            [(i, views[i]) for i in members], rel, lsn)
+                            [(i, views[i]) for i in members], rel, lsns[0])
                         if self.change_filter is not None:
                             verdicts[relid] = self._raw_verdict(rel)
                     if writers is not None:
-                        verdict = RAW_PASS
-                        if self.change_filter is not None:
-                            check = verdicts[relid]
-                            verdict = RAW_UNSURE if check is None else check(data)
-                        if verdict == RAW_PASS:
-                            if writers is not run_writers or len(run) >= DELIVERY_RUN:
+                        check = verdicts[relid] if self.change_filter is not None else None
+                        for k, data in enumerate(datas):
+                            verdict = (RAW_PASS if self.change_filter is None
+                                       else RAW_UNSURE if check is None else check(data))
+                            if verdict == RAW_PASS:
+                                if writers is not run_writers or len(run) >= DELIVERY_RUN:
+                                    if run:
+                                        deliver_run()
+                                    run_writers = writers
+                                run.append(data)
+                                run_lsns.append(lsns[k])
+                            elif verdict == RAW_UNSURE:
                                 if run:
                                     deliver_run()
-                                run_writers = writers
-                            run.append(data)
-                            run_lsns.append(lsn)
-                        elif verdict == RAW_UNSURE:
-                            if run:
-                                deliver_run()
-                            decoder.in_stream = in_stream
-                            message = decoder.decode(raw)
-                            assert isinstance(message, Insert | Update | Delete)
-                            self._deliver_filtered(
-                                writers, self._unfiltered_change(message, lsn, overlay), data,
-                                lsn, txn.xid)
+                                decoder.in_stream = in_stream
+                                message = decoder.decode(_spooled(data, xid, in_stream))
+                                assert isinstance(message, Insert | Update | Delete)
+                                self._deliver_filtered(
+                                    writers, self._unfiltered_change(message, lsns[k], overlay),
+                                    data, lsns[k], txn.xid)
                         continue
                 if run:
                     deliver_run()
                 decoder.in_stream = in_stream
-                msg = decoder.decode(raw)
-                if fast is not None and isinstance(msg, RelationMessage):
-                    fast.pop(msg.relation_id, None)  # formatters of the old description
-                self._replay_one(msg, lsn, members, views, overlay)
+                for k, data in enumerate(datas):
+                    msg = decoder.decode(_spooled(data, xid, in_stream) if is_run
+                                         and fast is not None else data)
+                    if fast is not None and isinstance(msg, RelationMessage):
+                        fast.pop(msg.relation_id, None)  # formatters of the old description
+                    self._replay_one(msg, lsns[k], members, views, overlay)
             if run:
                 deliver_run()
         end = txn.end_lsn or final_lsn
@@ -237,3 +239,9 @@ class Replay(ReorderBufferState):
             member = self.members[i]
             if member.plugin.has(cb):
                 member.call(cb, lsn, views[i].xid, views[i], *args)
+
+
+def _spooled(data: bytes, xid: int, in_stream: bool) -> bytes:
+    """A streamed row change as it was spooled, from its formatters' form (``data``, without
+    the xid after its tag); any other message as it is."""
+    return data[:1] + _XID.pack(xid) + data[1:] if in_stream else data

@@ -132,10 +132,10 @@ def test_a_streamed_transaction_replays_through_the_fast_path(name: str) -> None
     lines, used = both(name, streamed(), proto=2)
     # every change but the aborted subtransaction's, formatted in C, in runs (``lines``);
     # but the first under skip-empty-xacts, and wal2json's v1 (whose formatter keeps the
-    # changes for the transaction's document: no runs) declines the UPDATE with an
-    # unchanged TOAST value
-    assert used == ({"fast": 5, "batched": 5, "declined": 1} if name in GATED
-                    else {"fast": 5, "declined": 1} if name == "wal2json v1"
+    # changes for the transaction's document, a run at a time too) declines the UPDATE
+    # with an unchanged TOAST value
+    assert used == ({"fast": 5, "batched": 5, "declined": 1}
+                    if name in GATED or name == "wal2json v1"
                     else {"fast": 6, "batched": 6})
     assert not any("aborted" in line for line in lines)
     assert sum("1.50" in line for line in lines) == 1  # the new description was used
@@ -186,10 +186,9 @@ def test_a_prepared_transaction_held_to_commit_prepared_replays_through_the_fast
         name: str) -> None:
     # json: two-phase is off by default; text: test_decoding leaves out "_nodecode" gids
     lines, used = both(name, prepared("g_nodecode"), proto=3)
-    # the prepared transaction's two changes replayed in a run (but wal2json's v1), the one
-    # committed in between formatted as it came
+    # the prepared transaction's two changes replayed in a run, the one committed in
+    # between formatted as it came
     assert used == ({"fast": 1, "batched": 1, "declined": 2} if name in GATED
-                    else {"fast": 3} if name == "wal2json v1"
                     else {"fast": 3, "batched": 2})
     # held: delivered after the transaction that committed in between
     assert [i for i, line in enumerate(lines) if "between" in line] < \
