@@ -76,6 +76,8 @@ class Replay(ReorderBufferState):
             run_writers: list[FastWriter] = []
 
             def deliver_run() -> None:
+                if keepalive is not None:
+                    keepalive()
                 self._deliver_many(run_writers, run, run_lsns, txn.xid, overlay)
                 run.clear()  # (nothing keeps them: lines() and the outputs copy)
                 run_lsns.clear()
@@ -113,6 +115,8 @@ class Replay(ReorderBufferState):
                             elif verdict == RAW_UNSURE:
                                 if run:
                                     deliver_run()
+                                if keepalive is not None:
+                                    keepalive()
                                 decoder.in_stream = in_stream
                                 message = decoder.decode(_spooled(data, xid, in_stream))
                                 assert isinstance(message, Insert | Update | Delete)
@@ -124,6 +128,8 @@ class Replay(ReorderBufferState):
                     deliver_run()
                 decoder.in_stream = in_stream
                 for k, data in enumerate(datas):
+                    if keepalive is not None:  # (a plugin's callbacks may take their time)
+                        keepalive()
                     msg = decoder.decode(_spooled(data, xid, in_stream) if is_run
                                          and fast is not None else data)
                     if fast is not None and isinstance(msg, RelationMessage):
