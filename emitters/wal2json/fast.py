@@ -135,15 +135,10 @@ class V1Parts:
         """``__call__`` of ``datas[start]``, ``datas[start + 1]``, ...: no records, and the
         index of the first change it leaves to the change callback (``len(datas)`` if
         none)."""
-        st, body, later = self.st, self.body, self.later
-        parts = st.v1_parts
         if isinstance(lsn, list) and len(lsn) < len(datas):
             raise ValueError("lines(): fewer lsns than datas")
         each = lsn if isinstance(lsn, list) else [lsn] * len(datas)
         for i in range(start, len(datas)):
-            text = body(datas[i], each[i], txn)
-            if text is None:
+            if self(datas[i], each[i], txn) is None:
                 return [], i
-            st.nr_changes += 1
-            parts.append((later if st.nr_changes > 1 else self.first) + text)
         return [], len(datas)
