@@ -289,9 +289,9 @@ class Pipeline(Streams, TwoPhase):
         counts = stream.counts
         xid = ID_AFTER_TAG.unpack_from(datas[0], 1)[0]
         tag = datas[0][0]
-        relid = ID_AFTER_TAG.unpack_from
+        read_id = ID_AFTER_TAG.unpack_from
         for data in datas:  # (the relation may change within the run)
-            key = (xid, relid(data, 5)[0], tag)
+            key = (xid, read_id(data, 5)[0], tag)
             counts[key] = counts.get(key, 0) + 1
         spool.append_run(lsns, xid, True, datas)
 
