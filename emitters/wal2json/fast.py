@@ -11,6 +11,7 @@ leaves the whole table to Python. tests/emitters/test_wal2json_native.py holds t
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from emitters.wal2json.relation import (
@@ -87,18 +88,20 @@ def v1_row_format(st: State, r: Rel
         b"]" + nl + h3 + b"}" + nl,
         ht + ht + b"}",
     )
-    body = _wal2jsonrow.V1RowFormat(
+    row_format = _wal2jsonrow.V1RowFormat(
         r.relation.relation_id,
         (r.v1_heads["insert"], r.v1_heads["update"], r.v1_heads["delete"]), pieces,
         tuple(c.name for c in cols), tuple(c.v1_type for c in cols),
         tuple(c.v1_oid for c in cols), bytes(_CODES[c.convert] for c in cols), tuple(r.key),
-        st.do_insert | st.do_update << 1 | st.do_delete << 2, r.has_identity).line
+        st.do_insert | st.do_update << 1 | st.do_delete << 2, r.has_identity)
     # what goes before a change: v1_change's newline (the document's, not the chunks') and
     # the comma after the changes before it
     first = (b"" if st.chunks else nl) + ht + ht
     later = first + b","
 
     if st.chunks:
+        body = row_format.line
+
         def chunk(data: bytes, lsn: int, txn: Any) -> bytes | None:
             text = body(data, lsn, txn)
             if text is None:
@@ -107,7 +110,7 @@ def v1_row_format(st: State, r: Rel
             return (later if st.nr_changes > 1 else first) + text
         return chunk
 
-    return V1Parts(st, body, first, later)
+    return V1Parts(st, row_format.lines, first, later)
 
 
 class V1Parts:
@@ -117,28 +120,30 @@ class V1Parts:
 
     __slots__ = ("body", "first", "later", "st")
 
-    def __init__(self, st: State, body: Callable[[bytes, int, Any], bytes | None],
+    def __init__(self, st: State, body: Callable[[list[bytes], int, int | list[int], Any],
+                                                 tuple[list[bytes], int]],
                  first: bytes, later: bytes) -> None:
+        """``body``: the C formatter's ``lines``, the changes' texts without what goes
+        before each in the document (``first`` before the transaction's first change,
+        ``later`` before the others)."""
         self.st, self.body, self.first, self.later = st, body, first, later
 
     def __call__(self, data: bytes, lsn: int, txn: Any) -> Literal[True] | None:
-        text = self.body(data, lsn, txn)
-        if text is None:
-            return None
-        st = self.st
-        st.nr_changes += 1
-        st.v1_parts.append((self.later if st.nr_changes > 1 else self.first) + text)
-        return True
+        return True if self.lines([data], 0, lsn, txn)[1] else None
 
     def lines(self, datas: list[bytes], start: int, lsn: int | list[int], txn: Any
               ) -> tuple[list[bytes], int]:
         """``__call__`` of ``datas[start]``, ``datas[start + 1]``, ...: no records, and the
         index of the first change it leaves to the change callback (``len(datas)`` if
         none)."""
-        if isinstance(lsn, list) and len(lsn) < len(datas):
-            raise ValueError("lines(): fewer lsns than datas")
-        each = lsn if isinstance(lsn, list) else [lsn] * len(datas)
-        for i in range(start, len(datas)):
-            if self(datas[i], each[i], txn) is None:
-                return [], i
-        return [], len(datas)
+        texts, end = self.body(datas, start, lsn, txn)
+        if texts:
+            st = self.st
+            later = self.later
+            if st.nr_changes == 0:
+                st.v1_parts.append(self.first + texts[0])
+                st.v1_parts.extend(map(later.__add__, islice(texts, 1, None)))
+            else:
+                st.v1_parts.extend(map(later.__add__, texts))
+            st.nr_changes += len(texts)
+        return [], end

@@ -507,6 +507,10 @@ static PyObject *V1RowFormat_line(V1RowFormat *self, PyObject *const *args, Py_s
     return row_line((PyObject *)self, self->heads, self->ncols, args, nargs, format_v1);
 }
 
+static PyObject *V1RowFormat_lines(V1RowFormat *self, PyObject *const *args, Py_ssize_t nargs) {
+    return row_lines((PyObject *)self, self->heads, self->ncols, args, nargs, format_v1);
+}
+
 static int V1RowFormat_init(V1RowFormat *self, PyObject *args, PyObject *kwargs) {
     if (init_once(self->heads) < 0)
         return -1;
@@ -582,6 +586,7 @@ static void V1RowFormat_dealloc(V1RowFormat *self) {
 
 static PyMethodDef V1RowFormat_methods[] = {
     {"line", (PyCFunction)(void (*)(void))V1RowFormat_line, METH_FASTCALL, v1_line_doc},
+    {"lines", (PyCFunction)(void (*)(void))V1RowFormat_lines, METH_FASTCALL, lines_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -100,11 +100,21 @@ class Replay(ReorderBufferState):
                             [(i, views[i]) for i in members], rel, lsns[0])
                         if self.change_filter is not None:
                             verdicts[relid] = self._raw_verdict(rel)
+                    if writers is not None and self.change_filter is None:
+                        # every change passes as it is: the run joins the one to deliver
+                        if writers is not run_writers:
+                            if run:
+                                deliver_run()
+                            run_writers = writers
+                        run.extend(datas)
+                        run_lsns.extend(lsns)
+                        if len(run) >= DELIVERY_RUN:
+                            deliver_run()
+                        continue
                     if writers is not None:
-                        check = verdicts[relid] if self.change_filter is not None else None
+                        check = verdicts[relid]
                         for k, data in enumerate(datas):
-                            verdict = (RAW_PASS if self.change_filter is None
-                                       else RAW_UNSURE if check is None else check(data))
+                            verdict = RAW_UNSURE if check is None else check(data)
                             if verdict == RAW_PASS:
                                 if writers is not run_writers or len(run) >= DELIVERY_RUN:
                                     if run:
