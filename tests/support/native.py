@@ -30,12 +30,10 @@ from plugin_framework.protocol import (
     RelationMessage,
     TupleData,
     Update,
-    XLogData,
     encode,
-    encode_copy_data,
 )
-from plugin_framework.protocol.runs import row_change_run
 from support.recorders import with_fast_path
+from support.scripted import feed_in_runs
 
 WHEN = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 RELID = 16400
@@ -140,17 +138,7 @@ class Run:
         lsns = [LSN(0x16B3748 + 0x100 * (i + 1)) for i in range(len(messages))]
         try:
             if in_runs:
-                framed = [encode_copy_data(XLogData(lsn, lsn, WHEN, data))
-                          for lsn, data in zip(lsns, messages, strict=True)]
-                i = 0
-                while i < len(framed):
-                    datas, at, after = row_change_run(framed, i)
-                    if datas:
-                        pipeline.feed_run(datas, at)
-                        i = after
-                    else:
-                        pipeline.feed(messages[i], lsns[i])
-                        i += 1
+                feed_in_runs(pipeline, list(zip(messages, lsns, strict=True)))
             else:
                 for lsn, data in zip(lsns, messages, strict=True):
                     pipeline.feed(data, lsn)

@@ -20,6 +20,7 @@ import ast
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,11 @@ from plugin_framework.protocol import (
     Truncate,
     TupleData,
     Update,
+    XLogData,
     encode,
+    encode_copy_data,
 )
+from plugin_framework.protocol.runs import row_change_run
 from support.recorders import (
     Event,
     Recorder,
@@ -416,6 +420,27 @@ def pipeline(*plugins: OutputPlugin, proto: int = 4, memory_limit: int | None = 
 def feed(p: Pipeline, items: Iterable[Item]) -> Pipeline:
     for data, lsn in items:
         p.feed(data, lsn)
+    return p
+
+
+def feed_in_runs(p: Pipeline, items: Sequence[Item], batch_ends: Iterable[int] = ()
+                 ) -> Pipeline:
+    """``feed``, the way the walsender source hands over what it reads: each message framed
+    as XLogData, read in batches that end after each index of ``batch_ends`` (and at the
+    end), and in a batch each run of row changes (protocol/runs.py) in one ``feed_run``."""
+    framed = [encode_copy_data(XLogData(lsn, lsn, T0, data)) for data, lsn in items]
+    cuts = sorted({0, len(items), *(c for c in batch_ends if 0 < c < len(items))})
+    for start, end in pairwise(cuts):
+        batch = framed[start:end]
+        i = 0
+        while i < len(batch):
+            datas, lsns, after = row_change_run(batch, i)
+            if datas:
+                p.feed_run(datas, lsns)
+                i = after
+            else:
+                p.feed(*items[start + i])
+                i += 1
     return p
 
 

@@ -268,10 +268,15 @@ class Pipeline(Streams, TwoPhase):
                 self._feed_changes(ID_AFTER_TAG.unpack_from(datas[0], 1)[0], datas[0][0],
                                    datas, lsns)
                 return
-        elif stream is not None and stream.in_block and not stream.live \
-                and stream.spool is not None:
-            self._spool_run(stream, datas, lsns)
-            return
+        elif stream is not None:
+            if not stream.in_block:  # the block's first content opens it, as feed does
+                self.feed(datas[0], lsns[0])
+                if len(datas) == 1:
+                    return
+                datas, lsns = datas[1:], lsns[1:]
+            if stream.in_block and not stream.live and stream.spool is not None:
+                self._spool_run(stream, datas, lsns)
+                return
         for data, lsn in zip(datas, lsns, strict=True):
             self.feed(data, lsn)
 

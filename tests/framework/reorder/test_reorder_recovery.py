@@ -24,6 +24,7 @@ from support.scripted import (
     emitting,
     events,
     feed,
+    feed_in_runs,
     file_events,
     ins,
     msg,
@@ -105,6 +106,52 @@ def test_any_memory_limit_gives_the_same_output(memory_limit: int) -> None:
     assert [events(o) for o in outs] == BIG_BASELINE
     if memory_limit < 100:
         assert spilled(p) > 0
+
+
+def runs_script() -> Wal:
+    """Streamed, ordinary and prepared transactions whose row changes come several in a row
+    of one relation (of one subtransaction, in a stream block): what the walsender source
+    hands the pipeline as runs, a block's first change among them."""
+    wal = Wal()
+    wal.table("t", "id", "v")
+    wal.table("u", "id")
+    wal.block(3000, ins("t", "1", "a"), ins("t", "2", "b"), ins("t", "3", "c"),
+              upd("t", "1", "1", "d"), upd("t", "2", "2", "e"))
+    wal.txn(3010, ins("u", "4"), ins("u", "5"), dele("t", "2"), dele("t", "3"))
+    wal.block(3000, ins("t", "6", "f", sub=3001), ins("t", "7", "g", sub=3001),
+              ins("t", "8", "h"), ins("t", "9", "i"), msg("p", b"m"))
+    wal.block(3020, ins("u", "10"), ins("u", "11"), ins("u", "12"))
+    wal.stream_abort(3000, 3001)
+    wal.block(3000, dele("t", "8"), dele("t", "9"))
+    wal.stream_commit(3000)
+    wal.block(3020, upd("u", "10", "13"), upd("u", "11", "14"))
+    wal.stream_prepare(3020, "p5")
+    wal.prepared(3030, "p6", ins("t", "15", "j"), ins("t", "16", "k"))
+    wal.commit_prepared(3020, "p5")
+    wal.commit_prepared(3030, "p6")
+    return wal
+
+
+RUNS = runs_script()
+
+
+def spooling_plugins() -> list[OutputPlugin]:
+    """Plugins without stream callbacks: a stream block's changes go only to the spool."""
+    return [Rec(), TwoPhaseRec(), TwoPhaseRec(filter_gids=("p5",))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([RUNS, BIG]), st.lists(st.integers(0, len(BIG.items)), max_size=4),
+       st.integers(1, 3000), st.booleans())
+def test_changes_fed_a_run_at_a_time_give_what_each_fed_alone_gives(
+        wal: Wal, batch_ends: list[int], memory_limit: int, spooling: bool) -> None:
+    """The walsender source feeds a run of row changes in one call (feed_run), however its
+    reads cut the stream: every plugin gets what a change at a time gives it."""
+    plugins = spooling_plugins if spooling else big_plugins
+    expected = run(wal.items, *plugins(), memory_limit=memory_limit)
+    p, outs = pipeline(*plugins(), memory_limit=memory_limit)
+    feed_in_runs(p, wal.items, batch_ends)
+    assert [events(o) for o in outs] == expected
 
 
 def normalized(evs: list[Event]) -> list[Event]:
