@@ -124,6 +124,9 @@ class IncrementalSnapshot:
         self.asked: set[str] = set()  # tables a request message asked for
         self.keys_only: set[str] = set()  # queued tables to read only the keys of (moved)
         self.handled: set[str] = set()  # this run's requests (``ask``), taken already
+        # the last request message taken: the progress an output records holds what it
+        # asked for, so a restart that reads the message again leaves it
+        self.requests_lsn = LSN(0)
         self._conn: psycopg.Connection[Any] | None = None
         # how far the table under way is (the last one's, once done), for the status line and
         # the logs; and the tables done since this object was made
@@ -150,11 +153,15 @@ class IncrementalSnapshot:
                     self._queue(table)
             self._note_progress()
             return
+        # Every row as it is now. A read under way, or one to resume, goes on after the
+        # rows it read before the request (the values an ALTER TABLE gave are not in them),
+        # so the table is read again whole, after the read under way.
         self.keys_only.discard(table)  # every row: the keys asked for among them
-        if table not in self.queue and (current is None or not under_way
-                                        or current.keys_only):
+        self.resume_after.pop(table, None)
+        self.resume_ranges.pop(table, None)
+        if table not in self.queue:
             self._queue(table)
-            self._note_progress()
+        self._note_progress()
 
     def ask(self, table: str, keys: Sequence[KeyText] | None = None) -> LSN:
         """A request of this run's own (a mirror's): taken at once, and made durable as a
@@ -266,6 +273,9 @@ class IncrementalSnapshot:
             return
         asked = read_request(body, self.slot)
         if asked is not None:
+            if lsn <= self.requests_lsn:
+                return  # taken before a restart: in the progress resumed from
+            self.requests_lsn = lsn
             if self.requests and asked.id not in self.handled:
                 log.info("incremental snapshot of %s requested%s", asked.table,
                          "" if asked.keys is None else f" ({len(asked.keys)} rows)")
@@ -374,6 +384,8 @@ class IncrementalSnapshot:
         state: dict[str, Any] = {
             "slot": self.slot, "queue": list(self.queue), "done": list(self.done),
             "after": {name: key_text(key) for name, key in self.resume_after.items()}}
+        if self.requests_lsn:
+            state["requests_lsn"] = str(self.requests_lsn)
         ranges = {name: ranges_text(left) for name, left in self.resume_ranges.items()}
         if table is not None:
             state["table"] = table.copy.qualified
@@ -405,6 +417,7 @@ class IncrementalSnapshot:
         if state.get("slot") != self.slot:
             return
         self.done = [str(name) for name in state.get("done", [])]
+        self.requests_lsn = LSN(str(state.get("requests_lsn") or "0/0"))
         self.resume_after = {str(name): key_from_text(key)
                              for name, key in (state.get("after") or {}).items()}
         self.resume_ranges = {str(name): [(_bound(after), _bound(upto)) for after, upto in left]
