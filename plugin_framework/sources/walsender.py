@@ -412,7 +412,7 @@ class WalsenderSource:
             if qualified_name(table) in incremental.done:
                 log.info("incremental snapshot of %s: taken already into this output", table)
             else:
-                incremental.request(table)
+                incremental.include(table)
         self._incremental = incremental
         return incremental
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from plugin_framework import LSN, Pipeline
+from plugin_framework.framework.statecheck import Damage, check_incremental
 from plugin_framework.protocol import LogicalMessage, encode
 from plugin_framework.sources.snapshots.catalog import TableCopy, key_from_text
 from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
@@ -79,3 +82,29 @@ def test_a_request_read_again_after_a_restart_is_not_taken_twice() -> None:
     assert again.queue == []
     assert again.intercept(request_message(K), LSN(0x2000))  # a new one
     assert again.queue == [K]
+
+
+def test_a_table_of_the_command_line_goes_on_where_it_was_after_a_restart() -> None:
+    """``--snapshot-table k`` in the command run again after a restart: k's read goes on
+    after the last key delivered, not from its first key again."""
+    snap = snapshot()
+    snap.resume({"slot": SLOT, "queue": [K], "done": [], "after": {K: ["5000"]}})
+    snap.include(K)
+    assert snap.queue == [K]
+    assert snap.resume_after == {K: key_from_text(["5000"])}
+    snap.current, snap.queue = reading_k("6000"), []
+    snap.include(K)
+    assert snap.queue == []
+
+
+def test_the_record_of_a_table_read_again_is_checked_as_such() -> None:
+    """The progress record's check (statecheck.py) takes a table under way and queued again,
+    and refuses one queued twice after it, or three times."""
+    record = {"slot": SLOT, "table": K, "queue": [K], "done": [], "after": {K: ["5000"]},
+              "requests_lsn": "0/1000"}
+    assert check_incremental(record) == record
+    for queue in ([K, K], ["public.f", "public.f"]):
+        with pytest.raises(Damage, match="more than once"):
+            check_incremental({**record, "queue": queue})
+    with pytest.raises(Damage, match="requests_lsn"):
+        check_incremental({**record, "requests_lsn": "0/01000"})

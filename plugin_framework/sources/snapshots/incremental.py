@@ -163,6 +163,18 @@ class IncrementalSnapshot:
             self._queue(table)
         self._note_progress()
 
+    def include(self, table: str) -> None:
+        """A table of ``--snapshot-table``: read it, unless it is read already or waits to go
+        on (the same command run again after a restart goes on where it was)."""
+        table = qualified_name(table)
+        current = self.current
+        self.keys_only.discard(table)  # every row: the keys asked for among them
+        if table in self.queue or (current is not None and current.copy.qualified == table
+                                   and not current.keys_only):
+            return
+        self._queue(table)
+        self._note_progress()
+
     def ask(self, table: str, keys: Sequence[KeyText] | None = None) -> LSN:
         """A request of this run's own (a mirror's): taken at once, and made durable as a
         request message, which a restart before it is done reads again. Returns the
