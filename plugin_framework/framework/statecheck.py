@@ -330,6 +330,7 @@ def check_incremental(value: Any, name: str = "incremental") -> dict[str, Any]:
     f.get("initial", one_of(True), None)
     f.get("keys_only", _names, list[str]())
     f.get("requests_lsn", is_lsn, None)
+    f.get("asked", _names, list[str]())
     f.close()
     # a table asked for while it is read is queued again, to be read whole after it: at most
     # twice, never twice in the queue after the one under way

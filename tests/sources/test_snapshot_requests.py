@@ -35,8 +35,10 @@ def reading_k(after: str | None) -> TableRead:
     return TableRead(copy, None if after is None else key_from_text([after]))
 
 
-def request_message(table: str) -> bytes:
+def request_message(table: str, request_id: str | None = None) -> bytes:
     body = {"request": "snapshot", "slot": SLOT, "table": table}
+    if request_id is not None:
+        body["id"] = request_id
     return encode(LogicalMessage(False, LSN(0), PREFIX, json.dumps(body).encode()))
 
 
@@ -81,6 +83,28 @@ def test_a_request_read_again_after_a_restart_is_not_taken_twice() -> None:
     assert again.intercept(request_message(K), LSN(0x1000))  # ours, and taken already
     assert again.queue == []
     assert again.intercept(request_message(K), LSN(0x2000))  # a new one
+    assert again.queue == [K]
+
+
+def test_a_request_of_its_own_read_back_after_a_restart_is_not_taken_again() -> None:
+    """A mirror's own request (``ask``: taken at once, and written as a message) whose
+    message the stream had not read when it stopped: the restart reads it, and does not
+    queue the table a second time."""
+    snap = snapshot()
+    snap.handled.add("r1")  # what ask() does besides writing the message
+    snap.request(K)
+    snap.current, snap.queue = reading_k("100"), []  # k's turn
+    state = snap.progress()
+    assert state is not None
+
+    again = snapshot()
+    again.resume(state)
+    again.current, again.queue = reading_k("100"), []
+    assert again.intercept(request_message(K, "r1"), LSN(0x3000))
+    assert again.queue == []
+    after = again.progress()
+    assert after is not None and "asked" not in after
+    assert again.intercept(request_message(K, "r2"), LSN(0x4000))  # someone else's
     assert again.queue == [K]
 
 

@@ -123,7 +123,9 @@ class IncrementalSnapshot:
         self.starts: list[str] = []
         self.asked: set[str] = set()  # tables a request message asked for
         self.keys_only: set[str] = set()  # queued tables to read only the keys of (moved)
-        self.handled: set[str] = set()  # this run's requests (``ask``), taken already
+        # the requests of this stream's own (``ask``), taken already, whose messages it has
+        # not read yet (recorded with the progress: one read after a restart is taken too)
+        self.handled: set[str] = set()
         # the last request message taken: the progress an output records holds what it
         # asked for, so a restart that reads the message again leaves it
         self.requests_lsn = LSN(0)
@@ -288,7 +290,10 @@ class IncrementalSnapshot:
             if lsn <= self.requests_lsn:
                 return  # taken before a restart: in the progress resumed from
             self.requests_lsn = lsn
-            if self.requests and asked.id not in self.handled:
+            if asked.id is not None and asked.id in self.handled:
+                self.handled.discard(asked.id)  # taken when it was asked
+                return
+            if self.requests:
                 log.info("incremental snapshot of %s requested%s", asked.table,
                          "" if asked.keys is None else f" ({len(asked.keys)} rows)")
                 self.asked.add(asked.table)
@@ -398,6 +403,8 @@ class IncrementalSnapshot:
             "after": {name: key_text(key) for name, key in self.resume_after.items()}}
         if self.requests_lsn:
             state["requests_lsn"] = str(self.requests_lsn)
+        if self.handled:
+            state["asked"] = sorted(self.handled)
         ranges = {name: ranges_text(left) for name, left in self.resume_ranges.items()}
         if table is not None:
             state["table"] = table.copy.qualified
@@ -430,6 +437,7 @@ class IncrementalSnapshot:
             return
         self.done = [str(name) for name in state.get("done", [])]
         self.requests_lsn = LSN(str(state.get("requests_lsn") or "0/0"))
+        self.handled = {str(request_id) for request_id in state.get("asked", [])}
         self.resume_after = {str(name): key_from_text(key)
                              for name, key in (state.get("after") or {}).items()}
         self.resume_ranges = {str(name): [(_bound(after), _bound(upto)) for after, upto in left]
