@@ -6,8 +6,6 @@ is not taken twice."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from plugin_framework import LSN, Pipeline
@@ -15,7 +13,7 @@ from plugin_framework.framework.statecheck import Damage, check_incremental
 from plugin_framework.protocol import LogicalMessage, encode
 from plugin_framework.sources.snapshots.catalog import TableCopy, key_from_text
 from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
-from plugin_framework.sources.snapshots.requests import PREFIX
+from plugin_framework.sources.snapshots.requests import PREFIX, request_body
 from plugin_framework.sources.snapshots.window import TableRead
 
 SLOT = "lake"
@@ -36,10 +34,9 @@ def reading_k(after: str | None) -> TableRead:
 
 
 def request_message(table: str, request_id: str | None = None) -> bytes:
-    body = {"request": "snapshot", "slot": SLOT, "table": table}
-    if request_id is not None:
-        body["id"] = request_id
-    return encode(LogicalMessage(False, LSN(0), PREFIX, json.dumps(body).encode()))
+    """The message ``pgdecode snapshot`` (or a mirror's ``ask``) writes into the WAL."""
+    body = request_body(SLOT, table, request_id=request_id)
+    return encode(LogicalMessage(False, LSN(0), PREFIX, body.encode()))
 
 
 def test_a_table_asked_for_while_it_is_read_is_read_again_whole() -> None:

@@ -39,15 +39,21 @@ def request_snapshot(conn: psycopg.Connection[Any], slot: str, table: str,
     """Ask the stream reading ``slot`` for an incremental snapshot of ``table`` (of the rows
     under ``keys`` only, if given), with a message in the WAL it reads. Returns the
     message's LSN."""
+    row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                       (PREFIX, request_body(slot, table, keys, request_id))).fetchone()
+    assert row is not None
+    return LSN(row[0])
+
+
+def request_body(slot: str, table: str, keys: Sequence[KeyText] | None = None,
+                 request_id: str | None = None) -> str:
+    """The content of a request message (``read_request`` reads it back)."""
     body: dict[str, Any] = {"request": "snapshot", "slot": slot, "table": table}
     if keys is not None:
         body["keys"] = [list(key) for key in keys]
     if request_id is not None:
         body["id"] = request_id
-    row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
-                       (PREFIX, json.dumps(body))).fetchone()
-    assert row is not None
-    return LSN(row[0])
+    return json.dumps(body)
 
 
 def read_request(body: dict[str, Any], slot: str) -> Request | None:
