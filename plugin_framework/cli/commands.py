@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from plugin_framework.framework import (
     Relation,
 )
 from plugin_framework.framework.registry import installed_emitters, load_emitter
+from plugin_framework.framework.statecheck import TransactionBounds
 from plugin_framework.protocol import ProtocolError, XLogData, encode_copy_data
 from plugin_framework.rowfilter import PublicationFilters, config_from_args
 from plugin_framework.sources.capture import (
@@ -76,6 +78,8 @@ from plugin_framework.sources.snapshots.catalog import (
 )
 from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
+
+log = logging.getLogger("pgdecode.cli")
 
 
 def cmd_emitters(args: argparse.Namespace) -> int:
@@ -298,15 +302,24 @@ def cmd_capture(args: argparse.Namespace) -> int:
     pipeline = Pipeline()
     writer: CaptureWriter | None = None
     source: WalsenderSource
+    # Where the capture last was between transactions (and stream blocks), as replay's check
+    # sees it: a capture whose connection ends inside a transaction is cut back there. The
+    # slot was told nothing of that transaction, so the next capture gets it whole.
+    bounds = TransactionBounds()
+    whole = 0
 
     def tap(message: Any) -> None:
-        nonlocal writer
+        nonlocal writer, whole
         if writer is None:
             header = CaptureHeader(
                 proto_version=pipeline.proto_version, options=dict(source.options),
                 server_version=source.server_version, slot=config.slot,
                 created=datetime.now(UTC).isoformat())
             writer = CaptureWriter(out, header)
+        if not bounds.inside:
+            whole = writer.size
+        if type(message) is XLogData and message.data:
+            bounds.add(message.data[0])
         writer.write(encode_copy_data(message))
 
     def sync() -> None:
@@ -323,6 +336,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
             "capture, to another file, to go on from there") from None
     finally:
         if writer is not None:
+            if bounds.inside:
+                writer.take_back(whole)
+                log.warning("the capture ended inside a transaction: its part was taken back "
+                            "out of %s (%d bytes are kept); the next capture of the slot gets "
+                            "that transaction whole", args.file_out, whole)
             sync()
             writer.close()
         else:

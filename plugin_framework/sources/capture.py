@@ -76,12 +76,21 @@ class CaptureWriter:
         line = json.dumps(asdict(header), sort_keys=True).encode() + b"\n"
         self._crc = _crc32(line)  # the chain of checksums starts from the header's
         self._file.write(MAGIC + line + _LEN.pack(self._crc))
+        self.size = len(MAGIC) + len(line) + _LEN.size  # the bytes written so far
 
     def write(self, copy_data: bytes) -> None:
         length = _LEN.pack(len(copy_data))
         self._crc = _crc32(copy_data, _crc32(length, self._crc))
         self._file.write(_LEN_CRC.pack(len(copy_data), self._crc))
         self._file.write(copy_data)
+        self.size += _LEN_CRC.size + len(copy_data)
+
+    def take_back(self, size: int) -> None:
+        """Take back the frames written after the first ``size`` bytes (a size this writer
+        had): the capture then ends there, and nothing is written after."""
+        self._file.flush()
+        self._file.truncate(size)
+        self.size = size
 
     def flush(self) -> None:
         self._file.flush()

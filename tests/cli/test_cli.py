@@ -15,6 +15,7 @@ from support.streamkit import (
     confirmed_flush,
     create_slot,
     create_tables,
+    current_lsn,
     query,
     read_lines,
     run_cli,
@@ -30,6 +31,7 @@ from support.streamkit import (
 from plugin_framework import LSN
 from plugin_framework.cluster import LocalCluster
 from plugin_framework.framework.registry import installed_emitters
+from plugin_framework.sources.capture import verify_capture
 
 # Slow: each test runs the pgdecode command in a new process.
 # `pytest -m "not server and not slow"`, the quick in-process suite, leaves it out.
@@ -546,6 +548,58 @@ def test_capture_is_one_session(source: Source, env: dict[str, str], tmp_path: P
     for capture in (first, second):
         result = run_cli(["replay", str(capture), "--emitter", "probe", "-f",
                           str(replayed)], env=env)
+        assert result.returncode == 0, result.stderr
+    assert replayed.read_bytes() == streamed.read_bytes()
+
+
+def test_a_capture_whose_connection_ends_inside_a_transaction_ends_before_it(
+        db: Any, env: dict[str, str], tmp_path: Path) -> None:
+    """The connection lost in the middle of a transaction: the capture ends at the last
+    transaction boundary (the slot was told nothing of the transaction, so the next capture
+    gets it whole), and the two captures replay to what stream gives. The transaction is
+    48 MB of 1 MB rows, more than the sockets between the server and the stopped capture
+    can hold, so the connection ends inside it whatever the machine's pace."""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_s"
+    create_slot(db.conninfo, slot)
+    with_proto1 = ["--publication", "p1", "--proto-version", "1", "--streaming", "off"]
+    for i in range(3):
+        query(db.conninfo, "INSERT INTO t1 VALUES (%s, 'small', %s)", (i, i))
+    query(db.conninfo, "INSERT INTO t1 SELECT g, repeat(md5(g::text), 32768), g "
+                       "FROM generate_series(100, 147) g")
+    end = current_lsn(db.conninfo)
+    query(db.conninfo, "SELECT pg_copy_logical_replication_slot(%s, %s)", (slot, slot + "_c"))
+    streamed = tmp_path / "streamed"
+    result = run_cli(["stream", "-d", db.conninfo, "-S", slot + "_c", *with_proto1, "-E",
+                      str(end), "--emitter", "probe", "-f", str(streamed)], env=env)
+    assert result.returncode == 0, result.stderr
+    first, second = tmp_path / "first.pgd", tmp_path / "second.pgd"
+    proc = start_cli(["capture", "-d", db.conninfo, "-S", slot, *with_proto1, "-f", str(first),
+                      "--status-interval", "60"], env=env, stderr_path=tmp_path / "err")
+    try:
+        # Past 20 kB the capture is inside the big transaction (the small ones take < 1 kB):
+        # stopped there, the connection is ended under it.
+        wait_for(lambda: first.exists() and first.stat().st_size > 20_000, what="a capture")
+        proc.send_signal(signal.SIGSTOP)
+        pid = slot_row(db.conninfo, slot)["active_pid"]  # type: ignore[index]
+        query(db.conninfo, "SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: not slot_row(db.conninfo, slot)["active"],  # type: ignore[index]
+                 what="the walsender to end")
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    message = (tmp_path / "err").read_text()
+    assert "the capture ended inside a transaction" in message, message
+    assert verify_capture(first).damage is None
+    result = run_cli(["capture", "-d", db.conninfo, "-S", slot, *with_proto1, "-f", str(second),
+                      "-E", str(end)], env=env)
+    assert result.returncode == 0, result.stderr
+    replayed = tmp_path / "replayed"
+    for capture in (first, second):
+        result = run_cli(["replay", str(capture), "--emitter", "probe", "-f", str(replayed)],
+                         env=env)
         assert result.returncode == 0, result.stderr
     assert replayed.read_bytes() == streamed.read_bytes()
 
