@@ -41,6 +41,7 @@ from support.spark_fixtures import (  # noqa: F401  (the fixture "spark")
 )
 from support.streamkit import current_lsn, query, slot_row, start_cli, wait_for
 
+from plugin_framework import LSN
 from plugin_framework.spark import (
     DeltaTableWriter,
     ForeachBatchStream,
@@ -50,7 +51,7 @@ from plugin_framework.spark import (
     read_state,
 )
 from plugin_framework.spark.columns.descriptions import rows_info
-from plugin_framework.spark.datasource.snapshot import has_work
+from plugin_framework.spark.datasource.snapshot import flushed_to, has_work
 from plugin_framework.spark.foreachbatch.checkpoint import Checkpoint
 from plugin_framework.spark.mirrors.deltatables import CONSISTENT
 from plugin_framework.spark.mirrors.statefiles import StateFiles
@@ -514,6 +515,19 @@ def test_source_refuses_a_snapshot_it_cannot_resume(db: Any, spark: Any,
         chosen.stop()
     copied = {(ln["table"], ln["new"]["id"]) for ln in lines_of(batches) if ln["op"] == "snapshot"}
     assert copied == {("big", i) for i in range(1, 101)}
+
+
+def test_a_watermark_is_flushed_once_the_wal_is_flushed_to_its_end(db: Any) -> None:
+    """The source waits for a chunk's high watermark to be flushed before its peek: on an
+    idle server the flush position reaches the watermark's end and stays there, and that
+    is flushed (a wait for a position past it lasts until its timeout, at every chunk)."""
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_logical_emit_message(false, 'w', 'high')::text").fetchone()
+        assert row is not None
+        end = current_lsn(db.conninfo)
+        assert str(end) == row[0]  # nothing written after it
+        wait_for(lambda: flushed_to(conn, end), timeout=30, what="the watermark's flush")
+        assert not flushed_to(conn, LSN(end + 1))
 
 
 def test_source_snapshot_with_available_now_takes_the_whole_copy(db: Any, spark: Any,

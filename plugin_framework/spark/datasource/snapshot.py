@@ -96,6 +96,14 @@ def start_tables(conn: psycopg.Connection[Any], opts: SourceOptions, pipeline: P
                                first=True)
 
 
+def flushed_to(conn: psycopg.Connection[Any], end: LSN) -> bool:
+    """Whether the server's WAL is flushed up to ``end``, the end of a record (what
+    pg_logical_emit_message returns): a peek then decodes that record. On an idle server the
+    flush position stays at the last record's end, not past it."""
+    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    return row is not None and LSN(row[0]) >= end
+
+
 def starts_of(progress: dict[str, Any] | None) -> list[str]:
     """The tables whose copy a batch starting at a snapshot record ``progress`` begins
     (start_tables; only the first batch's record has them)."""
@@ -160,10 +168,7 @@ class SourceSnapshot:
         """The peek reads flushed WAL only: wait (a little) for the high watermark's."""
         deadline = time.monotonic() + FLUSH_WAIT
         with psycopg.connect(self.opts.dsn, autocommit=True) as conn:
-            while time.monotonic() < deadline:
-                row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-                if row is not None and LSN(row[0]) > lsn:
-                    return
+            while time.monotonic() < deadline and not flushed_to(conn, lsn):
                 time.sleep(0.05)
 
     @property
