@@ -43,13 +43,12 @@ from plugin_framework.framework import (
     Relation,
 )
 from plugin_framework.framework.registry import installed_emitters, load_emitter
-from plugin_framework.framework.statecheck import TransactionBounds
-from plugin_framework.protocol import ProtocolError, XLogData, encode_copy_data
+from plugin_framework.protocol import ProtocolError, XLogData
 from plugin_framework.rowfilter import PublicationFilters, config_from_args
 from plugin_framework.sources.capture import (
     CaptureFormatError,
     CaptureHeader,
-    CaptureWriter,
+    SessionRecorder,
     Verified,
     described_relations,
     read_capture,
@@ -300,34 +299,16 @@ def cmd_capture(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise OutputError(cannot_open(args.file_out, exc, progress=False)) from None
     pipeline = Pipeline()
-    writer: CaptureWriter | None = None
     source: WalsenderSource
-    # Where the capture last was between transactions (and stream blocks), as replay's check
-    # sees it: a capture whose connection ends inside a transaction is cut back there. The
-    # slot was told nothing of that transaction, so the next capture gets it whole.
-    bounds = TransactionBounds()
-    whole = 0
 
-    def tap(message: Any) -> None:
-        nonlocal writer, whole
-        if writer is None:
-            header = CaptureHeader(
-                proto_version=pipeline.proto_version, options=dict(source.options),
-                server_version=source.server_version, slot=config.slot,
-                created=datetime.now(UTC).isoformat())
-            writer = CaptureWriter(out, header)
-        if not bounds.inside:
-            whole = writer.size
-        if type(message) is XLogData and message.data:
-            bounds.add(message.data[0])
-        writer.write(encode_copy_data(message))
+    def header() -> CaptureHeader:
+        return CaptureHeader(
+            proto_version=pipeline.proto_version, options=dict(source.options),
+            server_version=source.server_version, slot=config.slot,
+            created=datetime.now(UTC).isoformat())
 
-    def sync() -> None:
-        if writer is not None:
-            writer.flush()
-            os.fsync(writer.fileno())
-
-    source = WalsenderSource(config, pipeline, tap=tap, before_status=sync)
+    recorder = SessionRecorder(out, header)
+    source = WalsenderSource(config, pipeline, tap=recorder.write, before_status=recorder.sync)
     try:
         run_source(source, status=status_line(args, source))
     except ConnectionLost as exc:
@@ -335,19 +316,14 @@ def cmd_capture(args: argparse.Namespace) -> int:
             f"{exc}. {args.file_out} holds what the slot was told is done: start a new "
             "capture, to another file, to go on from there") from None
     finally:
-        if writer is not None:
-            if bounds.inside:
-                writer.take_back(whole)
-                log.warning("the capture ended inside a transaction: its part was taken back "
-                            "out of %s (%d bytes are kept); the next capture of the slot gets "
-                            "that transaction whole", args.file_out, whole)
-            sync()
-            writer.close()
-        else:
-            out.close()
-            if not existed:  # nothing was recorded: leave no empty capture behind
-                with contextlib.suppress(OSError):
-                    os.remove(args.file_out)
+        started, cut = recorder.started, recorder.close()
+        if cut is not None:
+            log.warning("the capture ended inside a transaction: its part was taken back "
+                        "out of %s (%d bytes are kept); the next capture of the slot gets "
+                        "that transaction whole", args.file_out, cut)
+        if not started and not existed:  # nothing was recorded: leave no empty capture
+            with contextlib.suppress(OSError):
+                os.remove(args.file_out)
     return 0
 
 

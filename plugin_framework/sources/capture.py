@@ -24,9 +24,10 @@ no CRCs at all: damage that still decodes goes unnoticed. Both are still read.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +42,7 @@ from plugin_framework.protocol import (
     RelationMessage,
     XLogData,
     decode_copy_data,
+    encode_copy_data,
 )
 from plugin_framework.protocol.framing import XLOGDATA_HEADER_SIZE
 
@@ -106,6 +108,58 @@ class CaptureWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SessionRecorder:
+    """One session's stream into a capture (``pgdecode capture``): the header with the first
+    message (``header`` makes it then: it holds what the connection told), then each message
+    as it came. Closed inside a transaction or a stream block, the capture is cut back to
+    the last place between them, as ``verify_capture`` sees it: the slot was told nothing of
+    that transaction, so the next capture of the slot gets it whole."""
+
+    def __init__(self, out: IO[bytes], header: Callable[[], CaptureHeader]) -> None:
+        """``out``: opened for writing, empty; this takes it over and closes it."""
+        self._out = out
+        self._header = header
+        self._writer: CaptureWriter | None = None
+        self._bounds = TransactionBounds()
+        self._whole = 0  # the capture's size at its last transaction boundary
+
+    @property
+    def started(self) -> bool:
+        """Whether anything was recorded (the header is written with the first message)."""
+        return self._writer is not None
+
+    def write(self, message: XLogData | PrimaryKeepalive) -> None:
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = CaptureWriter(self._out, self._header())
+        if not self._bounds.inside:
+            self._whole = writer.size
+        if type(message) is XLogData and message.data:
+            self._bounds.add(message.data[0])
+        writer.write(encode_copy_data(message))
+
+    def sync(self) -> None:
+        """What was recorded, on disk (before the slot is told it is done)."""
+        if self._writer is not None:
+            self._writer.flush()
+            os.fsync(self._writer.fileno())
+
+    def close(self) -> int | None:
+        """Synced and closed; the size it was cut back to, if it ended inside a transaction."""
+        writer, cut = self._writer, None
+        if writer is None:
+            self._out.close()
+            return None
+        try:
+            if self._bounds.inside:
+                writer.take_back(self._whole)
+                cut = self._whole
+            self.sync()
+        finally:
+            writer.close()
+        return cut
 
 
 def _is_int(value: Any) -> bool:
