@@ -294,8 +294,8 @@ def test_a_lost_connection_during_the_copy_goes_on_in_the_same_run(
 def test_a_lost_connection_during_a_copy_that_cannot_go_on_into_a_pipe_is_refused(
         db: Any, env: dict[str, str], tmp_path: Path) -> None:
     """--snapshot only into a pipe, cut: the copy can neither go on (only) nor be taken back
-    from the pipe and copied again. The run stops saying so (it used to stream on with the
-    copy cut short)."""
+    from the pipe and copied again. The run stops saying so, rather than stream on with the
+    copy cut short."""
     make_tables(db.conninfo)
     out, stderr = tmp_path / "out", tmp_path / "stderr"
     reader = Drained(tmp_path / "pipe", out)
@@ -334,9 +334,9 @@ def test_a_copy_stopped_before_it_is_complete_says_so_and_endpos_finishes_it(
     """SIGTERM during the copy, and again while the next run goes on with the tables left
     (as an incremental snapshot): each run exits with status 4, saying that the snapshot is
     not complete, and the file never records the copy done with tables left. A run with -E
-    then finishes the copy before it stops, past -E (it used to stop at -E with tables never
-    copied, exit 0, and the copy recorded done): each row once, and upserting the lines
-    gives the tables."""
+    then finishes the copy before it stops, past -E (never exit 0 at -E with tables not
+    copied, or record the copy done): each row once, and upserting the lines gives the
+    tables."""
     make_tables(db.conninfo)
     out, stderr = tmp_path / "out", tmp_path / "stderr"
     writer = Writer(db.conninfo, seed=4, pause=0.01)
@@ -377,8 +377,8 @@ def test_snapshot_only_cut_short_says_how_to_finish_the_copy(db: Any, env: dict[
                                                              tmp_path: Path) -> None:
     """``--snapshot only`` killed once its file records tables left: its snapshot is gone,
     and the rest can only be copied from the slot's stream. Run again, it fails saying to
-    run ``--snapshot initial``, and changes nothing (it used to exit 0 with the tables left
-    missing, and record the copy done). That run finishes the copy: each row once, and
+    run ``--snapshot initial``, and changes nothing (not an exit 0 with the tables left
+    missing and the copy recorded done). That run finishes the copy: each row once, and
     upserting the lines gives the tables."""
     make_tables(db.conninfo)
     out, stderr = tmp_path / "out", tmp_path / "stderr"
