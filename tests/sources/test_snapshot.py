@@ -122,7 +122,7 @@ def test_initial_snapshot_then_stream_equals_the_tables(db: Any, env: dict[str, 
     out = tmp_path / "out"
     stderr = tmp_path / "stderr"
     proc = start_cli(command(db.conninfo, out), env=env, stderr_path=stderr)
-    writer = Writer(db.conninfo, seed=1)
+    writer = Writer(db.conninfo, seed=1, pause=0.002)
     try:
         wait_for(lambda: slot_row(db.conninfo, "snap"), what="slot created")
         writer.start()  # from the slot's creation on: during the copy

@@ -9,6 +9,7 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from psycopg import sql
 
 ROW_OPS = ("insert", "update", "delete")
@@ -24,16 +25,24 @@ def loads(text: str | bytes) -> Any:
 # --- what a consumer does with the lines, and what the server says ----------------------------
 
 
-def _key(row: dict[str, Any], columns: list[str]) -> str:
-    picked = [row[c] for c in columns] if columns else sorted(row.items())
-    return json.dumps(picked, default=str, sort_keys=True)
+def canonical(value: Any) -> bytes:
+    """One text for equal values (keys sorted, a Decimal as its string): orjson's, else (an
+    integer past 64 bits) the json module's. A table's rows are sorted and keyed by it."""
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, default=str, sort_keys=True).encode()
 
 
-def apply(lines: list[Line]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+def _key(row: dict[str, Any], columns: list[str]) -> bytes:
+    return canonical([row[c] for c in columns] if columns else sorted(row.items()))
+
+
+def apply(lines: list[Line]) -> dict[tuple[str, str], dict[bytes, dict[str, Any]]]:
     """Rebuild the tables from the lines, as a consumer would: lines of a prepared transaction
     emitted at PREPARE are held until its commit_prepared (dropped at rollback_prepared),
     unchanged TOAST columns keep the row's previous value."""
-    tables: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    tables: dict[tuple[str, str], dict[bytes, dict[str, Any]]] = {}
     held: dict[str, list[Line]] = {}
 
     def one(line: Line) -> None:
@@ -115,16 +124,18 @@ def server_tables(db: Any, tables: list[tuple[str, str]], options: dict[str, str
                 "ELSE t.oid END "
                 "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
                 "ORDER BY a.attnum", (qualified,)).fetchall()
-            select = ", ".join(f"({expected_expression(name, typ, options, binary)})::text"
-                               for name, typ in columns)
-            rows = conn.execute(f"SELECT {select} FROM {qualified}").fetchall()
-            out[schema, table] = [
-                {name: None if v is None else loads(v) for (name, _), v in
-                 zip(columns, row, strict=True)} for row in rows]
+            # each row one JSON array (of at most 100 values a call), all parsed at once
+            values = [expected_expression(name, typ, options, binary) for name, typ in columns]
+            array = " || ".join(f"jsonb_build_array({', '.join(values[i:i + 100])})"
+                                for i in range(0, len(values), 100)) or "'[]'::jsonb"
+            texts = conn.execute(f"SELECT ({array})::text FROM {qualified}").fetchall()
+            names = [name for name, _ in columns]
+            out[schema, table] = [dict(zip(names, row, strict=True))
+                                  for row in loads(f"[{','.join(t for (t,) in texts)}]")]
     return out
 
 
 def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: json.dumps(r, default=str, sort_keys=True))
+    return sorted(rows, key=canonical)
 
 

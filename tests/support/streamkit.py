@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 
 from plugin_framework import LSN, OutputPlugin
@@ -155,8 +156,16 @@ def install_probes(directory: Path) -> Path:
 
 def read_lines(path: str | Path) -> list[dict[str, Any]]:
     """A probe's output file, one JSON object per line."""
-    text = Path(path).read_text()
-    return [json.loads(line) for line in text.splitlines() if line]
+    return [_line(line) for line in Path(path).read_bytes().splitlines() if line]
+
+
+def _line(line: bytes) -> Any:
+    """orjson's parse (a probe's output can be millions of lines), else the json module's:
+    NaN and integers past 64 bits, which orjson refuses."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 def transactions(lines: Iterable[dict[str, Any]], *,
