@@ -9,6 +9,7 @@ fresh database for one test, ``pg_module_db`` one shared by a module's tests, an
 
 from __future__ import annotations
 
+import compileall
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from support.pgtest import (
 )
 from support.streamkit import WorkloadCapture, capture_workload, cli_env, install_probes
 
+import plugin_framework
 from plugin_framework._native import impl
 from plugin_framework.cluster import LocalCluster, server_major_version
 
@@ -34,6 +36,16 @@ from plugin_framework.cluster import LocalCluster, server_major_version
 settings.register_profile("pgdecode", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("pgdecode")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The package compiled once, before the tests start pgdecode commands (hundreds of
+    them) and Spark's Python workers: with PYTHONDONTWRITEBYTECODE set, as on CI machines,
+    each of those processes would otherwise compile every module it imports (0.2 s of the
+    0.5 s a command takes to start); the probes' commands import tests/support too."""
+    if not hasattr(session.config, "workerinput"):  # the controller of xdist's workers
+        for package in (Path(plugin_framework.__file__).parent, Path(__file__).parent / "support"):
+            compileall.compile_dir(package, quiet=1)
 
 
 @pytest.fixture(
