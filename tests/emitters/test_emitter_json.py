@@ -249,6 +249,7 @@ def _without(line: Line, columns: set[str]) -> Line:
     return out
 
 
+@pytest.mark.native  # it counts the changes the C formatters took
 @pytest.mark.parametrize("combination", list(COMBINATIONS))
 def test_fast_path_writes_the_callbacks_lines(source: Source, combination: str) -> None:
     """The C fast path writes exactly what the change callback writes, for every type and

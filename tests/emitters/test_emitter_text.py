@@ -109,6 +109,7 @@ def test_defaults(parity: Source) -> None:
     assert len(ours.catalog.asked) == len(asked)  # no time zone, no version: not needed
 
 
+@pytest.mark.native  # it counts the changes the C formatters took
 @pytest.mark.parametrize("options", [{}, {"skip-empty-xacts": "1", "include-xids": "0"}],
                          ids=["defaults", "skip-empty"])
 def test_fast_path_on_and_off_match_test_decoding(parity: Source,

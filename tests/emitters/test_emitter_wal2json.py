@@ -293,6 +293,7 @@ FAST_CASES = [{}, {"include-xids": "1", "include-pk": "1", "include-type-oids": 
               {"actions": "insert,delete", "filter-tables": "public.alltypes"}]
 
 
+@pytest.mark.native  # it counts the changes the C formatters took
 @pytest.mark.parametrize("options", FAST_CASES, ids=[case_id(c) for c in FAST_CASES])
 def test_fast_path_on_and_off_match_wal2json(parity: Parity, options: dict[str, str]) -> None:
     """Format version 2 through the C fast path and through the Python callback: both
@@ -326,6 +327,7 @@ V1_FAST_CASES = [{}, {"write-in-chunks": "1"},
                  {"actions": "update", "write-in-chunks": "1"}]
 
 
+@pytest.mark.native  # it counts the changes the C formatters took
 @pytest.mark.parametrize("options", V1_FAST_CASES, ids=[case_id(c) for c in V1_FAST_CASES])
 def test_v1_fast_path_on_and_off_match_wal2json(parity: Parity,
                                                  options: dict[str, str]) -> None:

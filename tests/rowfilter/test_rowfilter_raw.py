@@ -259,6 +259,7 @@ def _agree(db: Any, rel: Relation, expr: str, rows: list[TupleData]) -> Counter[
 INTS = [None, b"-1", b"0", b"1", b"2147483647", b"-2147483648", b"9223372036854775807"]
 
 
+@pytest.mark.native  # raw verdicts are the C raw filter's
 def test_operators_on_their_boundaries(relation: tuple[Any, Relation]) -> None:
     """Every operator over every pair of boundary values (and NULL), at every width: the
     cases a random search rarely meets."""
@@ -286,6 +287,7 @@ def test_operators_on_their_boundaries(relation: tuple[Any, Relation]) -> None:
         assert verdicts[RAW_UNSURE] == 0 and verdicts[RAW_PASS] and verdicts[RAW_DROP]
 
 
+@pytest.mark.native  # raw verdicts are the C raw filter's
 def test_common_filters_are_decided_in_c(relation: tuple[Any, Relation]) -> None:
     """The filters people write compile to programs, and ordinary rows get a verdict without
     Python (this also shows the random test above is not vacuous)."""
@@ -327,6 +329,7 @@ def test_a_filter_too_long_for_c_is_evaluated_in_python(relation: tuple[Any, Rel
         assert outcome(filters, change) == "pass"
 
 
+@pytest.mark.native  # raw verdicts are the C raw filter's
 def test_an_unpublished_table_is_dropped_raw(relation: tuple[Any, Relation]) -> None:
     db, rel = relation
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
@@ -372,6 +375,7 @@ def streamed(relation: RelationMessage, body: list[Any]) -> list[bytes]:
             encode(StreamCommit(xid, LSN(0x3000F00), LSN(0x3001000), when))]
 
 
+@pytest.mark.native  # raw verdicts are the C raw filter's
 @pytest.mark.parametrize("shape", ["ordinary", "streamed"])
 def test_a_pipeline_delivers_the_same_with_and_without_raw_verdicts(
         relation: tuple[Any, Relation], shape: str) -> None:
@@ -428,6 +432,7 @@ def test_a_pipeline_delivers_the_same_with_and_without_raw_verdicts(
         assert counts[0] == counts[1] and counts[0]["fast"] == 6
 
 
+@pytest.mark.native  # raw verdicts are the C raw filter's
 def test_snapshot_rows_take_raw_verdicts_in_order(relation: tuple[Any, Relation]) -> None:
     """A snapshot's chunk under a row filter (``Pipeline.snapshot_rows``, a run of inserts
     formatted a run at a time): rows passed raw, dropped raw and left to the filter

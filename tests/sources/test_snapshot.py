@@ -578,6 +578,7 @@ SNAPSHOT_EMITTERS: dict[str, tuple[Callable[[], Any], dict[str, str | None]]] = 
 }
 
 
+@pytest.mark.native  # it counts the changes the C formatters took
 @pytest.mark.parametrize("emitter", list(SNAPSHOT_EMITTERS))
 def test_the_fast_path_writes_the_copy_as_the_change_callback_does(
         db: Any, emitter: str, tmp_path: Path) -> None:
