@@ -32,7 +32,7 @@ from plugin_framework.sources.snapshots.incremental import IncrementalSnapshot
 from plugin_framework.spark.changes.builder import ChangeBuilder
 from plugin_framework.spark.changes.plans import PlanCache
 from plugin_framework.spark.datasource.options import SourceOptionError, SourceOptions
-from plugin_framework.spark.datasource.snapshot import Make, start_tables
+from plugin_framework.spark.datasource.snapshot import Make, start_tables, wal_flushed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -141,9 +141,7 @@ def slot_position(opts: SourceOptions) -> LSN:
 
 def flush_position(opts: SourceOptions) -> LSN:
     with connect(opts) as conn:
-        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-        assert row is not None
-        return LSN(row[0])
+        return wal_flushed(conn)
 
 
 def decode_slot(opts: SourceOptions, start: LSN, *, end: LSN | None = None,
@@ -187,9 +185,7 @@ def _peek(opts: SourceOptions, start: LSN, end: LSN | None, limit: int | None,
           snap: IncrementalSnapshot | None,
           starts: Sequence[str]) -> tuple[Decoded | None, bool]:
     with connect(opts) as conn:
-        flush_row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-        assert flush_row is not None
-        flush = LSN(flush_row[0])
+        flush = wal_flushed(conn)
         if upto is not None:
             flush = min(flush, upto)
         stop_at = end if end is not None else flush

@@ -96,12 +96,18 @@ def start_tables(conn: psycopg.Connection[Any], opts: SourceOptions, pipeline: P
                                first=True)
 
 
+def wal_flushed(conn: psycopg.Connection[Any]) -> LSN:
+    """How far the server's WAL is flushed: as far as a peek at the slot reads."""
+    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    assert row is not None
+    return LSN(row[0])
+
+
 def flushed_to(conn: psycopg.Connection[Any], end: LSN) -> bool:
     """Whether the server's WAL is flushed up to ``end``, the end of a record (what
     pg_logical_emit_message returns): a peek then decodes that record. On an idle server the
     flush position stays at the last record's end, not past it."""
-    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-    return row is not None and LSN(row[0]) >= end
+    return wal_flushed(conn) >= end
 
 
 def starts_of(progress: dict[str, Any] | None) -> list[str]:
