@@ -16,18 +16,21 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
 from plugin_framework.framework import Catalog, FileOutput, LoadedPlugin, OutputError, Pipeline
 from plugin_framework.framework.output_protocol import DeliversElsewhere, capable
 from plugin_framework.framework.registry import load_emitter
-from plugin_framework.rowfilter import FilterConfig, PublicationFilters
+from plugin_framework.rowfilter import FilterConfig
 from plugin_framework.sources.errors import explain
 from plugin_framework.sources.session import SourceConfig
 from plugin_framework.sources.sql import SqlSource
 from plugin_framework.sources.walsender import WalsenderSource
+
+if TYPE_CHECKING:
+    from plugin_framework.rowfilter import PublicationFilters
 
 log = logging.getLogger("pgdecode")
 
@@ -189,6 +192,8 @@ def row_filters(config: FilterConfig | None,
         if reason is not None:
             raise UsageError(f"{reason}: pass -d CONNINFO, a connection to the database the "
                              "changes come from")
+    from plugin_framework.rowfilter import PublicationFilters
+
     try:
         return PublicationFilters.from_config(config, conninfo)
     except psycopg.Error as exc:  # the catalog connection: refused, bad password...

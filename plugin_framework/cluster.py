@@ -174,6 +174,8 @@ def _major_version(bindir: str) -> int:
 
 @dataclass(frozen=True)
 class _Account:
+    """The unprivileged user that runs the server's programs."""
+
     name: str
     uid: int
     gid: int

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -44,7 +44,7 @@ from plugin_framework.framework import (
 )
 from plugin_framework.framework.registry import installed_emitters, load_emitter
 from plugin_framework.protocol import ProtocolError, XLogData
-from plugin_framework.rowfilter import PublicationFilters, config_from_args
+from plugin_framework.rowfilter import config_from_args
 from plugin_framework.sources.capture import (
     CaptureFormatError,
     CaptureHeader,
@@ -77,6 +77,9 @@ from plugin_framework.sources.snapshots.catalog import (
 )
 from plugin_framework.sources.snapshots.requests import request_snapshot
 from plugin_framework.sources.walsender import WalsenderSource
+
+if TYPE_CHECKING:
+    from plugin_framework.rowfilter import PublicationFilters
 
 log = logging.getLogger("pgdecode.cli")
 

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from pglast import ast, parse_sql
-from pglast.parser import ParseError
 from psycopg.conninfo import conninfo_to_dict
 
 _PLACEHOLDER = re.compile(r"%(?:\([^)]*\))?s")
@@ -41,6 +39,11 @@ class Catalog:
 
     @staticmethod
     def check_read_only(sql: str) -> None:
+        # pglast (PostgreSQL's parser) is imported by the first plugin that queries the
+        # catalog, not by every command's start-up.
+        from pglast import ast, parse_sql
+        from pglast.parser import ParseError
+
         # psycopg's placeholders are not SQL; PostgreSQL's own ($1) parse the same way.
         counter = iter(range(1, 10_000))
         parsable = _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql.replace("%%", "%"))

@@ -66,6 +66,8 @@ class Transaction:
 
 @dataclass(frozen=True, slots=True)
 class Column:
+    """One column of a Relation, with its type's name as the server prints it."""
+
     name: str
     type_oid: int
     type_modifier: int

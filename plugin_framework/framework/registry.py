@@ -24,6 +24,8 @@ class EmitterNotFound(LookupError):
 
 @dataclass(frozen=True)
 class EmitterInfo:
+    """An installed emitter: its entry point and the distribution that provides it."""
+
     name: str
     value: str  # module:attribute
     distribution: str

@@ -15,8 +15,6 @@ import re
 from functools import lru_cache
 from typing import Final
 
-from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
-
 __all__ = [
     "VERSIONED_KEYWORDS",
     "quote_ident_always",
@@ -30,7 +28,15 @@ __all__ = [
 # Every keyword except the unreserved ones forces quotes, even where the grammar would accept
 # it bare (PostgreSQL does not try to tell those cases apart). pglast's lists are those of
 # PostgreSQL _NEWEST (tests/pgtypes/test_format_type.py checks that they still are).
-_QUOTED_KEYWORDS: Final = frozenset(RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS)
+@lru_cache(maxsize=1)
+def quoted_keywords() -> frozenset[str]:
+    """The keywords that force quotes, read from pglast when first needed (importing pglast
+    loads PostgreSQL's whole parser, a tenth of a command's start-up)."""
+    from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
+
+    return frozenset(RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS)
+
+
 _PLAIN_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]*")
 
 _NEWEST: Final = 18
@@ -64,7 +70,7 @@ def quote_identifier(name: str, server_version: int | None = None) -> str:
     newest's keywords; one older than 15 takes 15's.
     """
     if _PLAIN_IDENTIFIER.fullmatch(name) and (
-        name not in _QUOTED_KEYWORDS
+        name not in quoted_keywords()
         or (server_version is not None and name in _QUOTED_SINCE
             and server_version // 10000 < _QUOTED_SINCE[name])
     ):

@@ -53,6 +53,8 @@ class XLogData:
 
 @dataclass(frozen=True, slots=True)
 class PrimaryKeepalive:
+    """The server's keepalive ('k'): its WAL end, and whether it wants a status update now."""
+
     wal_end: LSN
     send_time: datetime
     reply_requested: bool

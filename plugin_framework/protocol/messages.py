@@ -98,6 +98,8 @@ class TupleData:
 
 @dataclass(frozen=True, slots=True)
 class RelationColumn:
+    """One column of a Relation message: ``is_key`` when it is part of the replica identity."""
+
     is_key: bool
     name: str
     type_oid: int
@@ -109,6 +111,8 @@ class RelationColumn:
 
 @dataclass(frozen=True, slots=True)
 class Begin:
+    """The start of a committed transaction ('B'); ``final_lsn`` is its commit record's LSN."""
+
     final_lsn: LSN
     commit_time: datetime
     xid: int
@@ -116,6 +120,8 @@ class Begin:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
+    """The end of the transaction the last Begin started ('C')."""
+
     commit_lsn: LSN
     end_lsn: LSN
     commit_time: datetime
@@ -123,6 +129,8 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Origin:
+    """The replication origin the current transaction came from ('O'), after its Begin."""
+
     origin_lsn: LSN
     name: str
 
@@ -160,6 +168,8 @@ class Type:
 
 @dataclass(frozen=True, slots=True)
 class Insert:
+    """An INSERT ('I'): the new row."""
+
     relation_id: int
     new: TupleData
     xid: int | None = None
@@ -189,6 +199,8 @@ class Delete:
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
+    """A TRUNCATE of one or more tables in one statement ('T')."""
+
     relation_ids: tuple[int, ...]
     cascade: bool
     restart_identity: bool
@@ -211,17 +223,21 @@ class LogicalMessage:
 
 @dataclass(frozen=True, slots=True)
 class StreamStart:
+    """The start of a block of an in-progress transaction's changes ('S')."""
+
     xid: int
     first_segment: bool
 
 
 @dataclass(frozen=True, slots=True)
 class StreamStop:
-    pass
+    """The end of the current stream block ('E')."""
 
 
 @dataclass(frozen=True, slots=True)
 class StreamCommit:
+    """The commit of a streamed transaction ('c'): its changes were all sent in blocks."""
+
     xid: int
     commit_lsn: LSN
     end_lsn: LSN
@@ -246,6 +262,8 @@ class StreamAbort:
 
 @dataclass(frozen=True, slots=True)
 class BeginPrepare:
+    """The start of a transaction prepared for two-phase commit ('b')."""
+
     prepare_lsn: LSN
     end_lsn: LSN
     prepare_time: datetime
@@ -255,6 +273,8 @@ class BeginPrepare:
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
+    """The end of a prepared transaction's changes: PREPARE TRANSACTION ``gid`` ('P')."""
+
     prepare_lsn: LSN
     end_lsn: LSN
     prepare_time: datetime
@@ -264,6 +284,8 @@ class Prepare:
 
 @dataclass(frozen=True, slots=True)
 class CommitPrepared:
+    """COMMIT PREPARED of transaction ``gid`` ('K')."""
+
     commit_lsn: LSN
     end_lsn: LSN
     commit_time: datetime
@@ -273,6 +295,8 @@ class CommitPrepared:
 
 @dataclass(frozen=True, slots=True)
 class RollbackPrepared:
+    """ROLLBACK PREPARED of transaction ``gid`` ('r')."""
+
     prepare_end_lsn: LSN
     rollback_end_lsn: LSN
     prepare_time: datetime
@@ -283,6 +307,8 @@ class RollbackPrepared:
 
 @dataclass(frozen=True, slots=True)
 class StreamPrepare:
+    """PREPARE TRANSACTION of a streamed transaction ('p'), after its last block."""
+
     prepare_lsn: LSN
     end_lsn: LSN
     prepare_time: datetime

@@ -16,6 +16,8 @@ See docs/row-filters.md.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from plugin_framework.rowfilter.config import (
     FilterConfig,
     add_cli_arguments,
@@ -28,15 +30,31 @@ from plugin_framework.rowfilter.errors import (
     NotSupportedError,
     RowFilterError,
 )
-from plugin_framework.rowfilter.publication import (
-    PublicationFilters,
-    from_cli_args,
-    load_publication,
-)
-from plugin_framework.rowfilter.spec import PublicationSpec, TableRule
+
+if TYPE_CHECKING:
+    from plugin_framework.rowfilter.publication import (
+        PublicationFilters,
+        from_cli_args,
+        load_publication,
+    )
+    from plugin_framework.rowfilter.spec import PublicationSpec, TableRule
 
 __all__ = [
     "EvaluationError", "FilterConfig", "NotSupportedError", "PublicationFilters",
     "PublicationSpec", "RowFilterError", "TableRule", "add_cli_arguments", "config_from_args",
     "from_cli_args", "load_publication", "parse_config", "read_config",
 ]
+
+# The filters themselves (pglast's parser, the analyzer, the compilers) are imported when
+# first asked for: every pgdecode command reads its filter options, few have filters, and
+# those modules are a sixth of a command's start-up.
+_LAZY = {"PublicationFilters": "publication", "from_cli_args": "publication",
+         "load_publication": "publication", "PublicationSpec": "spec", "TableRule": "spec"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from plugin_framework.rowfilter.errors import RowFilterError
-from plugin_framework.rowfilter.spec import ALL_ACTIONS
+
+# The operations a publication's ``publish`` option can name.
+ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
 
 
 @dataclass
 class FilterConfig:
+    """Row filters, column lists and publish options as configured, not yet checked
+    against a catalog."""
+
     row_filters: dict[str, str] = field(default_factory=dict)
     column_lists: dict[str, list[str] | str] = field(default_factory=dict)
     publish: frozenset[str] = ALL_ACTIONS
@@ -68,6 +72,8 @@ def read_config(path: str | Path) -> FilterConfig:
     except OSError as exc:
         raise RowFilterError(f"cannot read filter configuration {str(p)!r}: "
                              f"{exc.strerror}") from None
+    import tomllib  # (its regular expressions are compiled on import: only for a file)
+
     try:
         data = json.loads(raw) if p.suffix.lower() == ".json" else tomllib.loads(raw.decode())
     except (ValueError, UnicodeDecodeError) as exc:

@@ -22,7 +22,12 @@ from plugin_framework.protocol import (
     KIND_UNCHANGED_TOAST,
     TupleData,
 )
-from plugin_framework.rowfilter.config import FilterConfig, config_from_args, read_config
+from plugin_framework.rowfilter.config import (
+    ALL_ACTIONS,
+    FilterConfig,
+    config_from_args,
+    read_config,
+)
 from plugin_framework.rowfilter.errors import EvaluationError, RowFilterError
 from plugin_framework.rowfilter.evaluate import Compiled, Getter
 from plugin_framework.rowfilter.functions import Infinity
@@ -30,7 +35,6 @@ from plugin_framework.rowfilter.pgcatalog import TypeCatalog
 from plugin_framework.rowfilter.plans import PublicationPlans, RelationPlan
 from plugin_framework.rowfilter.raw import RawFilter, raw_filter, raw_program
 from plugin_framework.rowfilter.spec import (
-    ALL_ACTIONS,
     COPY,
     DML,
     PublicationSpec,

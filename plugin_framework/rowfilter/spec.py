@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from plugin_framework.rowfilter.config import ALL_ACTIONS
 from plugin_framework.rowfilter.errors import RowFilterError
 from plugin_framework.rowfilter.expression import (
     parse_column_list,
@@ -17,7 +18,6 @@ from plugin_framework.rowfilter.tables import CatalogTable
 
 DML = ("insert", "update", "delete")
 COPY = "copy"  # a snapshot's rows: copied whatever ``publish`` says, as tablesync.c does
-ALL_ACTIONS = frozenset({"insert", "update", "delete", "truncate"})
 
 
 @dataclass

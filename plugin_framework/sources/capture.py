@@ -61,6 +61,8 @@ class CaptureFormatError(ValueError):
 
 @dataclass
 class CaptureHeader:
+    """The first frame of a capture file: how the stream it records was asked for."""
+
     proto_version: int
     options: dict[str, str] = field(default_factory=dict)
     server_version: int | None = None

@@ -76,6 +76,8 @@ def wal_level_error(level: str) -> SourceError:
 
 @dataclass
 class SourceConfig:
+    """What a source connects to and how it asks the server for the stream."""
+
     conninfo: str
     slot: str
     publications: Sequence[str]

@@ -38,6 +38,8 @@ def sql_query(conn: psycopg.Connection[Any]) -> Query:
 
 @dataclass(frozen=True)
 class SlotInfo:
+    """A replication slot as pg_replication_slots shows it."""
+
     name: str
     plugin: str | None
     database: str | None

@@ -20,10 +20,10 @@ from plugin_framework.pgtypes.format_type import (
 from plugin_framework.pgtypes.oids import ARRAY_ELEMENTS, TYPNAMES
 from plugin_framework.pgtypes.quote import (
     _NEWEST,
-    _QUOTED_KEYWORDS,
     _QUOTED_SINCE,
     VERSIONED_KEYWORDS,
     quote_identifier,
+    quoted_keywords,
 )
 from plugin_framework.protocol import Decoder, RelationMessage, Type
 
@@ -125,8 +125,8 @@ def test_versioned_keywords_against_pglast() -> None:
     # pglast's keyword lists must be those of the newest release of the table: a pglast
     # built on a newer PostgreSQL needs that release's differences added to _QUOTED_SINCE.
     assert pglast.get_postgresql_version()[0] == _NEWEST
-    assert _QUOTED_KEYWORDS == RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS
-    assert VERSIONED_KEYWORDS <= _QUOTED_KEYWORDS
+    assert quoted_keywords() == RESERVED_KEYWORDS | COL_NAME_KEYWORDS | TYPE_FUNC_NAME_KEYWORDS
+    assert quoted_keywords() >= VERSIONED_KEYWORDS
     assert all(16 <= since <= _NEWEST for since in _QUOTED_SINCE.values())
 
 

@@ -78,6 +78,8 @@ class Part:
 
 @dataclass
 class Chunk:
+    """A run of one table's copied rows, handed to the pipeline at once."""
+
     table: TableCopy
     inserts: list[bytes]  # each row as the pgoutput Insert message the stream would send
     last: bool  # the last chunk of its range (of the table, for copy_chunks)

@@ -28,6 +28,8 @@ KeyText = Sequence[str | None]  # a key's values as the stream's text has them
 
 @dataclass(frozen=True)
 class Request:
+    """A request for an incremental snapshot, as read from its message in the stream."""
+
     table: str  # schema.table
     keys: tuple[Key, ...] | None  # None: every row
     id: str | None  # the run that made it knows it by this
