@@ -6,7 +6,9 @@ by another consumer; two-phase decoding as the run expects), and their managemen
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,35 @@ log = logging.getLogger("pgdecode.source")
 # Runs one query (no parameters: a replication connection takes only the simple protocol)
 # and returns its rows: ``ReplicationStream.command``, or ``sql_query(conn)``.
 Query = Callable[[str], list[tuple[Any, ...]]]
+
+
+# The walsenders of replication connections this process closed, by server and slot, and
+# when. A walsender holds its slot for a moment after its connection is gone; a stream this
+# process starts on the slot meanwhile (ForeachBatchStream run again after an error, a
+# notebook's next query, a reconnect) waits for it instead of taking it for another consumer.
+# A minute is far more than a walsender takes to go; past it, the PID may be another's.
+_GONE_WITHIN = 60.0
+_closed: dict[tuple[str, str], dict[int, float]] = {}
+_closed_lock = threading.Lock()
+
+
+def closed_walsender(server: str, slot: str, pid: int) -> None:
+    """Note that this process closed its connection to walsender ``pid`` of ``server``
+    (host and port), which was reading ``slot``."""
+    now = time.monotonic()
+    with _closed_lock:
+        pids = _closed.setdefault((server, slot), {})
+        for old in [p for p, when in pids.items() if now - when > _GONE_WITHIN]:
+            del pids[old]
+        pids[pid] = now
+
+
+def own_walsenders(server: str, slot: str) -> frozenset[int]:
+    """The walsenders of ``slot`` whose connections this process closed lately."""
+    now = time.monotonic()
+    with _closed_lock:
+        pids = _closed.get((server, slot), {})
+        return frozenset(p for p, when in pids.items() if now - when <= _GONE_WITHIN)
 
 
 def sql_query(conn: psycopg.Connection[Any]) -> Query:
@@ -165,14 +196,15 @@ def lookup_slot(query: Query, slot: str, server_version: int) -> SlotInfo | None
 
 
 def check_usable(info: SlotInfo | None, slot: str, *, dbname: str, reader: bool = True,
-                 temporary: bool = False, previous_pid: int | None = None,
+                 temporary: bool = False, own_pids: Collection[int] = (),
                  two_phase: bool = False) -> SlotInfo:
     """That pgdecode can use the slot (``info``, from lookup_slot), else SourceError with
     one message that says what to do (SlotUnusable: missing or invalidated). ``reader``:
-    the caller reads the slot, so no other consumer may (``previous_pid``: the walsender of
-    our own last connection, which may not be gone yet; ``temporary``: a slot this
-    connection made). ``two_phase``: the run asked for a two-phase slot (--two-phase),
-    which an existing slot made without one cannot become: said as a warning."""
+    the caller reads the slot, so no other consumer may (``own_pids``: walsenders of this
+    process's closed connections, which may not be gone yet: ConnectionLost, to try again
+    shortly; ``temporary``: a slot this connection made). ``two_phase``: the run asked for
+    a two-phase slot (--two-phase), which an existing slot made without one cannot become:
+    said as a warning."""
     if info is None:
         raise SlotUnusable(
             f'replication slot "{slot}" does not exist: create it with `pgdecode slot '
@@ -198,7 +230,7 @@ def check_usable(info: SlotInfo | None, slot: str, *, dbname: str, reader: bool 
             f"again: {invalidated_advice(slot, info.invalidation_reason)}")
     pid = info.active_pid
     if reader and pid is not None and not temporary:
-        if pid == previous_pid:  # our own previous walsender, not yet gone: try again shortly
+        if pid in own_pids:
             raise ConnectionLost(f'replication slot "{slot}" is still active for PID {pid}')
         raise SourceError(
             f'replication slot "{slot}" is active for PID {pid}: another consumer is '
@@ -213,10 +245,10 @@ def check_usable(info: SlotInfo | None, slot: str, *, dbname: str, reader: bool 
 
 def usable_slot(query: Query, slot: str, *, dbname: str, server_version: int,
                 reader: bool = True, temporary: bool = False,
-                previous_pid: int | None = None, two_phase: bool = False) -> SlotInfo:
+                own_pids: Collection[int] = (), two_phase: bool = False) -> SlotInfo:
     """The slot, looked up and checked (``check_usable``)."""
     return check_usable(lookup_slot(query, slot, server_version), slot, dbname=dbname,
-                        reader=reader, temporary=temporary, previous_pid=previous_pid,
+                        reader=reader, temporary=temporary, own_pids=own_pids,
                         two_phase=two_phase)
 
 

@@ -91,7 +91,6 @@ class WalsenderSource:
         self.options: dict[str, str] = {}  # the pgoutput options of the last connection
         self.server_version = 0
         self._last_status = 0.0
-        self._walsender_pid: int | None = None  # of our last connection: its slot use is ours
         self._slot_two_phase = False
         self._alive_interval = 1.0  # status updates at least this often during a replay
         self.initial = InitialCopy(config.conninfo, config.slot, config.snapshot,
@@ -187,7 +186,6 @@ class WalsenderSource:
         self.initial.go_on()  # a copy cut short: its record goes on in the incremental one
         self._proto = proto
         self.server_version = server_version
-        self._walsender_pid = repl.conn.info.backend_pid
         self._alive_interval = self._keepalive_interval(repl)
         two_phase = cfg.two_phase
         if two_phase is None:
@@ -266,7 +264,8 @@ class WalsenderSource:
         cfg, info = self.config, repl.conn.info
         slot = slots.usable_slot(repl.command, cfg.slot, dbname=info.dbname,
                                  server_version=info.server_version,
-                                 temporary=cfg.temporary_slot, previous_pid=self._walsender_pid)
+                                 temporary=cfg.temporary_slot,
+                                 own_pids=slots.own_walsenders(_server(repl), cfg.slot))
         self._slot_two_phase, confirmed = slot.two_phase, slot.confirmed_flush_lsn
         if confirmed is not None:  # (never less than the server has: the slot would go back)
             self.progress.acked = max(self.progress.acked, confirmed)
@@ -274,6 +273,8 @@ class WalsenderSource:
     def _close(self) -> None:
         self.pipeline.keepalive = None
         if self._repl is not None:
+            slots.closed_walsender(_server(self._repl), self.config.slot,
+                                   self._repl.conn.info.backend_pid)
             with contextlib.suppress(psycopg.Error):
                 self._repl.close()
             self._repl = None
@@ -288,7 +289,7 @@ class WalsenderSource:
             repl.start(cfg.slot, LSN(0), self.options)
         except psycopg.errors.ObjectInUse as exc:
             active = re.search(r"PID (\d+)", str(exc))
-            if active and int(active[1]) == self._walsender_pid:  # ours, not yet gone
+            if active and int(active[1]) in slots.own_walsenders(_server(repl), cfg.slot):
                 raise ConnectionLost(str(exc).strip()) from None
             raise explain(exc, cfg.conninfo, cfg.slot, self._proto) from None
         except psycopg.Error as exc:
@@ -513,3 +514,9 @@ class WalsenderSource:
         self._last_status = time.monotonic()
         if self.on_progress is not None:
             self.on_progress(progress)
+
+
+def _server(repl: ReplicationStream) -> str:
+    """The server a replication connection is to, as the walsenders' record keys it."""
+    info = repl.conn.info
+    return f"{info.host}:{info.port}"

@@ -4,6 +4,8 @@ the pieces they are made of: pgoutput options, protocol negotiation, error trans
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -30,6 +32,7 @@ from support.streamkit import (
 
 from emitters.text import TestDecodingEmitter
 from plugin_framework import LSN, FileOutput, MemoryOutput, Pipeline
+from plugin_framework.framework import CallbackError
 from plugin_framework.framework.outputs import OutputError
 from plugin_framework.sources.errors import ConnectionLost, SlotUnusable, SourceError, explain
 from plugin_framework.sources.replication import ReplicationError
@@ -318,6 +321,62 @@ def test_walsender_reconnects_after_termination(db: Any) -> None:
     lines = lines_of(out)
     assert applied_ids(lines, "t1") == table_ids(db.conninfo, "t1")
     assert applied_ids(lines, "t2") == table_ids(db.conninfo, "t2")
+
+
+class _StopsItsWalsenderThenFails(Probe):
+    """On its first change: stops the walsender sending it (SIGSTOP), then fails, so that
+    the walsender outlives the connection the failed run closes."""
+
+    def __init__(self, conninfo: str, slot: str) -> None:
+        self.conninfo, self.slot = conninfo, slot
+        self.stopped: int | None = None
+
+    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
+        pid = int(slot_row(self.conninfo, self.slot)["active_pid"])  # type: ignore[index]
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped = pid
+        raise RuntimeError("the batch failed")
+
+
+def test_a_stream_started_after_a_failed_one_waits_for_its_walsender_to_go(db: Any) -> None:
+    """ForeachBatchStream run again after its batch function failed, a notebook's next
+    query: the failed run's walsender can hold the slot a moment after its connection is
+    closed. The next run of the same process waits for it to go, instead of refusing the
+    slot as another consumer's. (SIGSTOP keeps the walsender there until the next run is
+    seen waiting.)"""
+    create_tables(db.conninfo)
+    slot = f"{db.dbname}_again"
+    create_slot(db.conninfo, slot)
+    query(db.conninfo, "INSERT INTO t1 VALUES (1, 'a', 1)")
+    cfg = SourceConfig(db.conninfo, slot, ["p1"], endpos=current_lsn(db.conninfo),
+                       max_backoff=0.2)
+    failing = _StopsItsWalsenderThenFails(db.conninfo, slot)
+    errors: list[BaseException] = []
+    pipeline, (out,) = probe_pipeline()
+    again = WalsenderSource(cfg, pipeline)
+
+    def target() -> None:
+        try:
+            run(again)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    try:
+        with pytest.raises(CallbackError, match="the batch failed"):
+            run(WalsenderSource(cfg, probe_pipeline(failing)[0]))
+        assert slot_row(db.conninfo, slot)["active_pid"] == failing.stopped  # type: ignore[index]
+        thread.start()
+        wait_for(lambda: again.progress.reconnects >= 2 or errors, what="the run to wait")
+        assert not errors, errors
+    finally:
+        if failing.stopped is not None:
+            os.kill(failing.stopped, signal.SIGCONT)
+        if thread.is_alive():
+            thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    assert applied_ids(lines_of(out), "t1") == [1]  # the failed run's change, delivered once
+    assert confirmed_flush(db.conninfo, slot) >= cfg.endpos  # type: ignore[operator]
 
 
 def run_within(source: Any, seconds: float) -> None:
