@@ -186,6 +186,19 @@ def run(source: Any) -> None:
         source.pipeline.shutdown()
 
 
+def run_in_thread(source: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """``run`` in a thread, not started yet, and the list that gets what it raises."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run(source)
+        except BaseException as exc:
+            errors.append(exc)
+
+    return threading.Thread(target=target), errors
+
+
 SOURCES = pytest.mark.parametrize("kind", ["walsender", "sql"])
 
 
@@ -252,15 +265,7 @@ def test_temporary_slot_does_not_survive_a_reconnect(db: Any) -> None:
                        status_interval=0.2, max_backoff=0.1)
     streaming = threading.Event()
     source = WalsenderSource(cfg, pipeline, on_progress=lambda _: streaming.set())
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            run(source)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target)
+    thread, errors = run_in_thread(source)
     thread.start()
     try:
         assert streaming.wait(60)
@@ -351,17 +356,9 @@ def test_a_stream_started_after_a_failed_one_waits_for_its_walsender_to_go(db: A
     cfg = SourceConfig(db.conninfo, slot, ["p1"], endpos=current_lsn(db.conninfo),
                        max_backoff=0.2)
     failing = _StopsItsWalsenderThenFails(db.conninfo, slot)
-    errors: list[BaseException] = []
     pipeline, (out,) = probe_pipeline()
     again = WalsenderSource(cfg, pipeline)
-
-    def target() -> None:
-        try:
-            run(again)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target)
+    thread, errors = run_in_thread(again)
     try:
         with pytest.raises(CallbackError, match="the batch failed"):
             run(WalsenderSource(cfg, probe_pipeline(failing)[0]))
