@@ -47,7 +47,8 @@ __all__ = [
 
 # The filters themselves (pglast's parser, the analyzer, the compilers) are imported when
 # first asked for: every pgdecode command reads its filter options, few have filters, and
-# those modules are a sixth of a command's start-up.
+# those modules, with pglast, would add a third to a command's start-up
+# (tests/package/test_startup.py).
 _LAZY = {"PublicationFilters": "publication", "from_cli_args": "publication",
          "load_publication": "publication", "PublicationSpec": "spec", "TableRule": "spec"}
 
